@@ -1,0 +1,191 @@
+//! Request/response types of the engine.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+// TEMP until the tokenizer lands: pub use crate::tokenizer::ChatMessage;
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage { pub role: String, pub content: String }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KernelTimingConfig {
+    pub enabled: bool,
+    /// Fraction of calls per kernel that are timed, in (0, 1].
+    pub sample_rate: f64,
+}
+
+impl Default for KernelTimingConfig {
+    fn default() -> Self {
+        KernelTimingConfig { enabled: true, sample_rate: 1.0 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineConfig {
+    pub model_path: PathBuf,
+    /// "cpu" (embedded default); GPU backends come later ("hip", "cuda", "auto").
+    pub backend: String,
+    /// CPU threads; 0 = all cores.
+    pub threads: usize,
+    /// Sequences decoded concurrently.
+    pub max_active_sequences: usize,
+    /// Requests waiting beyond the active set; past it submit() returns QueueFull.
+    pub max_queue: usize,
+    /// Cap on the context length (0 = the model's own).
+    pub context_length: usize,
+    /// Tokens per prefill batch.
+    pub prefill_batch: usize,
+    pub kernel_timing: KernelTimingConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model_path: PathBuf::from("models/default.gguf"),
+            backend: "cpu".into(),
+            threads: 0,
+            max_active_sequences: 4,
+            max_queue: 64,
+            context_length: 4096,
+            prefill_batch: 64,
+            kernel_timing: KernelTimingConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1.0 = off.
+    pub repetition_penalty: f32,
+    pub repetition_window: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_window: 64,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PromptInput {
+    /// Raw text, tokenized with special-token parsing on.
+    Text { text: String, add_bos: bool },
+    /// Pre-tokenized ids.
+    Tokens(Vec<u32>),
+    /// Chat messages, rendered with the model's chat template (generation prompt added).
+    Chat(Vec<ChatMessage>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRequest {
+    pub prompt: PromptInput,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop sequences; matched text is not emitted.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FinishReason {
+    Length,
+    Stop,
+    Eos,
+    Context,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    pub queue: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub time_to_first_token: Duration,
+    pub total: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationSummary {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub finish_reason: FinishReason,
+    pub token_ids: Vec<u32>,
+    pub timings: Timings,
+    /// Text not yet delivered in Token events (held back as a possible stop-sequence
+    /// prefix, or an incomplete UTF-8 tail); clients append it to the completion.
+    pub text_tail: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// One generated token and the text it completes (may be empty while UTF-8 or a
+    /// possible stop sequence is pending).
+    Token { id: u32, text: String, logprob: f32 },
+    /// Always the last event of a successful stream.
+    Done(GenerationSummary),
+    /// The sequence failed inside the engine; the stream ends after it.
+    Error(String),
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The request is malformed (the message says why); nothing reached the model.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The queue is full; retry after the hinted delay.
+    #[error("server overloaded: {queued} requests queued, retry in {retry_after_ms} ms")]
+    QueueFull { queued: usize, retry_after_ms: u64 },
+    #[error("engine is shutting down")]
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub active: usize,
+    pub completed: u64,
+    pub rejected: u64,
+    pub cancelled: u64,
+    /// Bytes of KV cache currently allocated to active sequences.
+    pub kv_bytes: usize,
+}
+
+/// Static description of the loaded model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub architecture: String,
+    pub path: PathBuf,
+    pub file_bytes: u64,
+    pub file_sha256: String,
+    pub context_length: usize,
+    pub embedding_length: usize,
+    pub block_count: usize,
+    pub head_count: usize,
+    pub head_count_kv: usize,
+    pub vocab_size: usize,
+    pub parameter_count: u64,
+    /// (ggml type name, tensor count), sorted by name.
+    pub tensor_types: Vec<(String, usize)>,
+    pub tokenizer_model: String,
+    pub has_chat_template: bool,
+    pub backend: String,
+}

@@ -1,0 +1,173 @@
+//! Token sampling: repetition penalty, temperature, top-k, top-p, min-p, seeded RNG.
+//!
+//! Greedy (temperature 0) is deterministic with ties broken towards the lower token id,
+//! so two builds that compute the same logits produce the same tokens.
+
+use super::api::SamplingParams;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+/// The chosen token and its log-probability under the (penalised, untempered) distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = ChaCha8Rng::seed_from_u64(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Samples from `logits` (modified in place by the penalty); `history` is all tokens so far.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Sampled {
+        let p = &self.params;
+        if p.repetition_penalty > 0.0 && p.repetition_penalty != 1.0 {
+            apply_repetition_penalty(logits, history, p.repetition_penalty, p.repetition_window);
+        }
+        let logprob_of = |logits: &[f32], tok: usize| -> f32 {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
+            logits[tok] - lse
+        };
+        if p.temperature <= 0.0 {
+            let tok = argmax(logits);
+            return Sampled { token: tok as u32, logprob: logprob_of(logits, tok) };
+        }
+        // Candidates sorted by logit, descending (stable: ties keep lower ids first).
+        let mut cand: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| (((l - max) / p.temperature) as f64).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        // min-p: drop tokens below min_p * p(top).
+        let mut keep = probs.len();
+        if p.min_p > 0.0 {
+            let thr = probs[0] * p.min_p as f64;
+            keep = probs.iter().position(|&x| x < thr).unwrap_or(keep).max(1);
+        }
+        // top-p: smallest prefix whose mass reaches top_p.
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &x) in probs[..keep].iter().enumerate() {
+                acc += x;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f64 = probs[..keep].iter().sum();
+        let mut r = self.rng.gen::<f64>() * mass;
+        let mut chosen = cand[keep - 1].0;
+        for (i, &x) in probs[..keep].iter().enumerate() {
+            if r < x {
+                chosen = cand[i].0;
+                break;
+            }
+            r -= x;
+        }
+        Sampled { token: chosen as u32, logprob: logprob_of(logits, chosen) }
+    }
+}
+
+/// Index of the largest logit; the lowest index wins ties. NaN never wins.
+pub fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best
+}
+
+/// llama.cpp's penalty: positive logits are divided, negative multiplied, once per distinct token.
+pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32, window: usize) {
+    let start = history.len().saturating_sub(window);
+    let mut seen = std::collections::HashSet::new();
+    for &t in &history[start..] {
+        let t = t as usize;
+        if t < logits.len() && seen.insert(t) {
+            let l = &mut logits[t];
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams { temperature, ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_picks_max_and_lowest_on_ties() {
+        let mut s = Sampler::new(params(0.0));
+        assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0], &[]).token, 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed, ..Default::default() });
+            (0..50).map(|_| s.sample(&mut logits.clone(), &[]).token).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, seed: 3, ..Default::default() });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut [0.0, 1.0, 0.5], &[]).token, 1);
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_support() {
+        // p ~ [0.88, 0.12, ~0]: top_p 0.5 keeps only token 0; min_p 0.5 also.
+        let logits = [4.0f32, 2.0, -10.0];
+        for p in [
+            SamplingParams { temperature: 1.0, top_p: 0.5, seed: 1, ..Default::default() },
+            SamplingParams { temperature: 1.0, min_p: 0.5, seed: 1, ..Default::default() },
+        ] {
+            let mut s = Sampler::new(p);
+            for _ in 0..50 {
+                assert_eq!(s.sample(&mut logits.clone(), &[]).token, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_changes_greedy_choice() {
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() });
+        assert_eq!(s.sample(&mut [2.0, 1.5], &[0]).token, 1);
+        let mut l = [2.0f32, -1.0];
+        apply_repetition_penalty(&mut l, &[1, 1, 0], 2.0, 64);
+        assert_eq!(l, [1.0, -2.0]);
+    }
+
+    #[test]
+    fn logprob_is_log_softmax() {
+        let mut s = Sampler::new(params(0.0));
+        let out = s.sample(&mut [0.0, 0.0], &[]);
+        assert!((out.logprob - 0.5f32.ln()).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,252 @@
+//! The transformer forward pass (llama, qwen2, qwen3), written against the Backend trait.
+//!
+//! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3)
+//! -> RoPE -> KV cache store -> causal GQA attention -> output projection -> residual ->
+//! RMSNorm -> FFN -> residual. The FFN is an enum so a mixture-of-experts block (qwen3moe)
+//! is one more variant and one more match arm.
+
+mod hparams;
+
+pub use hparams::{Arch, HParams, SUPPORTED_ARCHS};
+
+use crate::backend::{AttentionShape, Backend, Buffer, Weight};
+use crate::gguf::GgufFile;
+use anyhow::{bail, Context};
+use std::sync::Arc;
+
+pub struct Attention {
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub bq: Option<Weight>,
+    pub bk: Option<Weight>,
+    pub bv: Option<Weight>,
+    pub q_norm: Option<Weight>,
+    pub k_norm: Option<Weight>,
+}
+
+pub enum Ffn {
+    /// SwiGLU: down(silu(gate x) * up x).
+    Dense { gate: Weight, up: Weight, down: Weight },
+}
+
+pub struct Layer {
+    pub attn_norm: Weight,
+    pub attn: Attention,
+    pub ffn_norm: Weight,
+    pub ffn: Ffn,
+}
+
+pub struct Model {
+    pub hp: HParams,
+    pub file: Arc<GgufFile>,
+    backend: Arc<dyn Backend>,
+    token_embd: Weight,
+    layers: Vec<Layer>,
+    output_norm: Weight,
+    /// The output projection; None when tied to token_embd.
+    output: Option<Weight>,
+}
+
+/// Per-sequence KV cache: one K and one V buffer per layer, `capacity` positions.
+pub struct KvCache {
+    k: Vec<Buffer>,
+    v: Vec<Buffer>,
+    pub len: usize,
+    pub capacity: usize,
+    pub bytes: usize,
+}
+
+/// Which logits a forward call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (prefill, decode).
+    Last,
+    /// Every token's (reference tests).
+    All,
+    /// None (a prefill chunk that is not the last).
+    None,
+}
+
+impl Model {
+    pub fn load(file: Arc<GgufFile>, backend: Arc<dyn Backend>) -> anyhow::Result<Model> {
+        let hp = HParams::from_gguf(&file)?;
+        let w = |name: &str| backend.load_weight(&file, name);
+        let opt = |name: &str| -> anyhow::Result<Option<Weight>> {
+            if file.tensor(name).is_some() {
+                Ok(Some(backend.load_weight(&file, name)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let token_embd = w("token_embd.weight")?;
+        expect_shape(&token_embd, hp.n_embd, hp.n_vocab)?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for i in 0..hp.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            let attn = Attention {
+                wq: w(&p("attn_q.weight"))?,
+                wk: w(&p("attn_k.weight"))?,
+                wv: w(&p("attn_v.weight"))?,
+                wo: w(&p("attn_output.weight"))?,
+                bq: opt(&p("attn_q.bias"))?,
+                bk: opt(&p("attn_k.bias"))?,
+                bv: opt(&p("attn_v.bias"))?,
+                q_norm: opt(&p("attn_q_norm.weight"))?,
+                k_norm: opt(&p("attn_k_norm.weight"))?,
+            };
+            expect_shape(&attn.wq, hp.n_embd, hp.q_dim())?;
+            expect_shape(&attn.wk, hp.n_embd, hp.kv_dim())?;
+            expect_shape(&attn.wv, hp.n_embd, hp.kv_dim())?;
+            expect_shape(&attn.wo, hp.q_dim(), hp.n_embd)?;
+            if hp.arch.has_qk_norm() && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
+                bail!("{}: layer {i} lacks attn_q_norm/attn_k_norm required by {}", file.path.display(), hp.arch.name());
+            }
+            let ffn = Ffn::Dense {
+                gate: w(&p("ffn_gate.weight"))?,
+                up: w(&p("ffn_up.weight"))?,
+                down: w(&p("ffn_down.weight"))?,
+            };
+            let Ffn::Dense { gate, up, down } = &ffn;
+            expect_shape(gate, hp.n_embd, hp.n_ff)?;
+            expect_shape(up, hp.n_embd, hp.n_ff)?;
+            expect_shape(down, hp.n_ff, hp.n_embd)?;
+            layers.push(Layer { attn_norm: w(&p("attn_norm.weight"))?, attn, ffn_norm: w(&p("ffn_norm.weight"))?, ffn });
+        }
+        let output_norm = w("output_norm.weight")?;
+        let output = opt("output.weight")?;
+        if let Some(o) = &output {
+            expect_shape(o, hp.n_embd, hp.n_vocab)?;
+        }
+        Ok(Model { hp, file, backend, token_embd, layers, output_norm, output })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Allocates a KV cache for `capacity` positions (f32).
+    pub fn new_cache(&self, capacity: usize) -> anyhow::Result<KvCache> {
+        let kv = self.hp.kv_dim() * capacity;
+        let mut k = Vec::with_capacity(self.hp.n_layer);
+        let mut v = Vec::with_capacity(self.hp.n_layer);
+        for _ in 0..self.hp.n_layer {
+            k.push(self.backend.alloc(kv)?);
+            v.push(self.backend.alloc(kv)?);
+        }
+        Ok(KvCache { k, v, len: 0, capacity, bytes: 2 * self.hp.n_layer * kv * 4 })
+    }
+
+    /// Bytes a KV cache of `capacity` positions takes.
+    pub fn cache_bytes(&self, capacity: usize) -> usize {
+        2 * self.hp.n_layer * self.hp.kv_dim() * capacity * 4
+    }
+
+    /// Runs `tokens` at positions cache.len.. and appends them to the cache.
+    /// Returns logits (vocab floats per returned row) as asked by `which`.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
+        let n = tokens.len();
+        if n == 0 {
+            bail!("forward called with no tokens");
+        }
+        if cache.len + n > cache.capacity {
+            bail!("context full: {} + {} tokens exceed the cache of {}", cache.len, n, cache.capacity);
+        }
+        let hp = &self.hp;
+        let be = &*self.backend;
+        let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+        let start = cache.len;
+        let positions: Vec<u32> = (start..start + n).map(|p| p as u32).collect();
+
+        let mut x = be.alloc(n * d)?;
+        let mut h = be.alloc(n * d)?;
+        let mut q = be.alloc(n * qd)?;
+        let mut k = be.alloc(n * kvd)?;
+        let mut v = be.alloc(n * kvd)?;
+        let mut att = be.alloc(n * qd)?;
+        let mut gate = be.alloc(n * ff)?;
+        let mut up = be.alloc(n * ff)?;
+
+        be.embed(&self.token_embd, tokens, &mut x)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            // Attention block.
+            be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
+            let a = &layer.attn;
+            be.matmul(&a.wq, &h, n, &mut q);
+            be.matmul(&a.wk, &h, n, &mut k);
+            be.matmul(&a.wv, &h, n, &mut v);
+            if let Some(b) = &a.bq {
+                be.add_bias(&mut q, b, n);
+            }
+            if let Some(b) = &a.bk {
+                be.add_bias(&mut k, b, n);
+            }
+            if let Some(b) = &a.bv {
+                be.add_bias(&mut v, b, n);
+            }
+            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                be.rmsnorm_inplace(&mut q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
+                be.rmsnorm_inplace(&mut k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+            }
+            let style = hp.arch.rope_style();
+            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, hp.rope_base, style);
+            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, hp.rope_base, style);
+            be.kv_store(&k, &v, &mut cache.k[li], &mut cache.v[li], start, n, kvd);
+            let shape = AttentionShape { n_tokens: n, start_pos: start, n_head: hp.n_head, n_head_kv: hp.n_head_kv, head_dim: hp.head_dim };
+            be.attention(&q, &cache.k[li], &cache.v[li], shape, &mut att);
+            be.matmul(&a.wo, &att, n, &mut h);
+            be.add(&mut x, &h, n * d);
+
+            // Feed-forward block.
+            be.rmsnorm(&x, &layer.ffn_norm, n, d, hp.rms_eps, &mut h);
+            match &layer.ffn {
+                Ffn::Dense { gate: wg, up: wu, down: wd } => {
+                    be.matmul(wg, &h, n, &mut gate);
+                    be.matmul(wu, &h, n, &mut up);
+                    be.silu_mul(&mut gate, &up, n * ff);
+                    be.matmul(wd, &gate, n, &mut h);
+                }
+            }
+            be.add(&mut x, &h, n * d);
+        }
+        cache.len += n;
+
+        let rows = match which {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => {
+                let mut last = be.alloc(d)?;
+                be.copy_row(&x, n - 1, d, &mut last);
+                x = last;
+                1
+            }
+            Logits::All => n,
+        };
+        be.rmsnorm(&x, &self.output_norm, rows, d, hp.rms_eps, &mut h);
+        let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
+        let mut logits = be.alloc(rows * hp.n_vocab)?;
+        be.matmul(out_w, &h, rows, &mut logits);
+        let mut host = vec![0f32; rows * hp.n_vocab];
+        be.read(&logits, 0, &mut host);
+        Ok(host)
+    }
+}
+
+fn expect_shape(w: &Weight, cols: usize, rows: usize) -> anyhow::Result<()> {
+    if w.cols != cols || w.rows != rows {
+        bail!("tensor \"{}\" has shape [{}, {}], expected [{cols}, {rows}]", w.name, w.cols, w.rows);
+    }
+    Ok(())
+}
+
+/// Loads a model file on a backend (used by the CLI's `logits` command and tests).
+pub fn load_file(path: &std::path::Path, backend: Arc<dyn Backend>) -> anyhow::Result<Model> {
+    let file = Arc::new(GgufFile::open(path).with_context(|| format!("loading {}", path.display()))?);
+    Model::load(file, backend)
+}
+
+/// Logits for every position of `tokens` (teacher forcing), row-major [tokens x vocab].
+pub fn all_logits(model: &Model, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+    let mut cache = model.new_cache(tokens.len())?;
+    model.forward(&mut cache, tokens, Logits::All)
+}
