@@ -12,6 +12,7 @@
 
 #[cfg(any())] // TEMP: enabled when quant/gguf land
 pub mod backend;
+#[cfg(any())] // TEMP
 pub mod bench;
 pub mod config;
 pub mod engine;

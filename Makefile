@@ -1,0 +1,42 @@
+# civetta — top-level tasks. `make help` lists them.
+SHELL := /bin/bash
+CARGO ?= cargo
+CIVETTA := target/release/civetta
+MODEL ?= models/default.gguf
+GRPC_ADDR ?= 127.0.0.1:50051
+METRICS_ADDR ?= 127.0.0.1:9464
+
+.PHONY: help build run model model-synth test test-fast generate chat clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+
+build: ## Build the release binary
+	$(CARGO) build --release --bin civetta --example stream_client
+
+$(MODEL): | build
+	@mkdir -p $(dir $(MODEL))
+	$(CIVETTA) model synth --arch llama --quant q8_0 --seed 1 -o $(MODEL)
+
+model-synth: $(MODEL) ## Write the synthetic default model if absent
+
+model: model-synth ## Put the default model in place
+
+run: build model ## Build, make the default model if absent, and serve it (CPU backend)
+	$(CIVETTA) serve --model $(MODEL) --grpc-addr $(GRPC_ADDR) --metrics-addr $(METRICS_ADDR)
+
+generate: build model ## One-shot generation on the default model
+	$(CIVETTA) generate --model $(MODEL) --prompt "The capital of France is" --max-tokens 32
+
+chat: ## Stream a chat completion from the running daemon over gRPC
+	target/release/examples/stream_client --addr http://$(GRPC_ADDR) --chat "Write one sentence about owls."
+
+test: ## Run the test suite (what CI runs)
+	$(CARGO) test --all-targets -- --test-threads=2
+
+clean:
+	$(CARGO) clean
+	rm -rf build models
+
+-include kernels/kernels.mk
+-include containers/containers.mk

@@ -1,0 +1,183 @@
+//! `civetta bench` and `civetta compare` command lines.
+
+use super::report::{BenchReport, Format};
+use anyhow::Context;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',').map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}"))).collect()
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF model to benchmark (local runs).
+    #[arg(short = 'm', long, default_value = "models/default.gguf")]
+    pub model: PathBuf,
+    /// Prompt-processing sizes (tokens), comma separated; empty to skip.
+    #[arg(short = 'p', long = "n-prompt", default_value = "512", value_parser = parse_list)]
+    pub pp: std::vec::Vec<usize>,
+    /// Generation lengths (tokens), comma separated; empty to skip.
+    #[arg(short = 'n', long = "n-gen", default_value = "128", value_parser = parse_list)]
+    pub tg: std::vec::Vec<usize>,
+    /// Context depths for generation tests, comma separated.
+    #[arg(short = 'd', long = "depth", default_value = "0", value_parser = parse_list)]
+    pub depth: std::vec::Vec<usize>,
+    /// Measured repetitions per test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: usize,
+    /// Unmeasured warm-up runs per test.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// CPU threads (0 = all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    #[arg(short = 'o', long, value_enum, default_value = "md")]
+    pub output: Format,
+    /// Also write the JSON report here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+    /// Greedy tokens per hashed completion (0 disables the bit-exactness hashes).
+    #[arg(long, default_value_t = 32)]
+    pub hash_tokens: usize,
+    /// Per-kernel timing during the run.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub kernel_timing: String,
+    /// Fraction of kernel calls timed.
+    #[arg(long, default_value_t = 1.0)]
+    pub sample_rate: f64,
+    #[arg(long, default_value_t = 64)]
+    pub prefill_batch: usize,
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Benchmark a running daemon through gRPC instead (e.g. http://127.0.0.1:50051).
+    #[arg(long)]
+    pub remote: Option<String>,
+    /// Concurrency levels for --remote.
+    #[arg(long, default_value = "1,2,4", value_parser = parse_list)]
+    pub concurrency: std::vec::Vec<usize>,
+    /// Requests per concurrency level for --remote.
+    #[arg(long, default_value_t = 8)]
+    pub requests: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// Baseline report (JSON from `civetta bench -o json`).
+    pub base: PathBuf,
+    /// Changed report.
+    pub new: PathBuf,
+    /// Write per-kernel time bars side by side as SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// The fingerprint of this process's environment as JSON.
+pub fn local_fingerprint(backend: &str) -> serde_json::Value {
+    crate::envinfo::collect(&crate::envinfo::CollectOptions::system(backend)).to_json()
+}
+
+fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(0);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("static template"),
+    );
+    pb
+}
+
+pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let pb = progress_bar(args.quiet);
+    let report = if let Some(addr) = &args.remote {
+        let plan = super::remote::RemotePlan {
+            addr: addr.clone(),
+            concurrency: args.concurrency.clone(),
+            requests_per_level: args.requests.max(1),
+            max_tokens: args.tg.first().copied().unwrap_or(32).max(1),
+            prompt: "Write a short story about a lighthouse keeper.".into(),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        rt.block_on(super::remote::run(&plan, &pb))?
+    } else {
+        if args.repetitions == 0 {
+            anyhow::bail!("--repetitions must be at least 1");
+        }
+        let plan = super::local::LocalPlan {
+            model: args.model.clone(),
+            threads: args.threads,
+            pp: args.pp.clone(),
+            tg: args.tg.clone(),
+            depths: args.depth.clone(),
+            repetitions: args.repetitions,
+            warmup: args.warmup,
+            hash_tokens: args.hash_tokens,
+            kernel_timing: args.kernel_timing == "on",
+            sample_rate: args.sample_rate,
+            prefill_batch: args.prefill_batch,
+        };
+        super::local::run(&plan, &pb)?
+    };
+    pb.finish_and_clear();
+    if let Some(p) = &args.json_out {
+        std::fs::write(p, report.render(Format::Json)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    print!("{}", report.render(args.output));
+    Ok(())
+}
+
+pub fn load_report(path: &std::path::Path) -> anyhow::Result<BenchReport> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let r: BenchReport = serde_json::from_str(&text).with_context(|| format!("{}: not a civetta bench JSON report", path.display()))?;
+    if r.schema_version > super::report::SCHEMA_VERSION {
+        anyhow::bail!("{}: schema version {} is newer than this civetta understands ({})", path.display(), r.schema_version, super::report::SCHEMA_VERSION);
+    }
+    Ok(r)
+}
+
+/// Prints the comparison; returns exit code 0 when comparable, 3 when the runs measured different things.
+pub fn run_compare(args: &CompareArgs) -> anyhow::Result<i32> {
+    let base = load_report(&args.base)?;
+    let new = load_report(&args.new)?;
+    let c = super::compare::compare(&base, &new);
+    print!("{}", c.text);
+    if let Some(p) = &args.plot {
+        std::fs::write(p, plot_svg(&base, &new)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(if c.comparable { 0 } else { 3 })
+}
+
+/// Per-kernel time per call, baseline and change side by side, as a plain SVG bar chart.
+pub fn plot_svg(base: &BenchReport, new: &BenchReport) -> String {
+    let rows: Vec<(String, f64, f64)> = base
+        .profile
+        .kernels
+        .iter()
+        .map(|k| {
+            let n = new.profile.kernels.iter().find(|x| x.kernel == k.kernel && x.shape_class == k.shape_class).map(|x| x.total_seconds).unwrap_or(0.0);
+            (format!("{} [{}]", k.kernel, k.shape_class), k.total_seconds, n)
+        })
+        .collect();
+    let max = rows.iter().map(|r| r.1.max(r.2)).fold(0.0, f64::max).max(1e-12);
+    let (label_w, bar_w, row_h) = (260.0, 420.0, 26.0);
+    let h = 50.0 + rows.len() as f64 * row_h;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<text x=\"10\" y=\"20\">kernel time (s): baseline (grey) vs change (blue)</text>\n",
+        label_w + bar_w + 120.0
+    );
+    for (i, (name, a, b)) in rows.iter().enumerate() {
+        let y = 36.0 + i as f64 * row_h;
+        let esc = name.replace('&', "&amp;").replace('<', "&lt;");
+        s += &format!("<text x=\"10\" y=\"{}\">{esc}</text>\n", y + 14.0);
+        s += &format!("<rect x=\"{label_w}\" y=\"{y}\" width=\"{:.1}\" height=\"10\" fill=\"#999\"/>\n", a / max * bar_w);
+        s += &format!("<rect x=\"{label_w}\" y=\"{}\" width=\"{:.1}\" height=\"10\" fill=\"#36c\"/>\n", y + 11.0, b / max * bar_w);
+        s += &format!("<text x=\"{}\" y=\"{}\">{a:.4} / {b:.4}</text>\n", label_w + bar_w + 8.0, y + 14.0);
+    }
+    s + "</svg>\n"
+}
