@@ -10,9 +10,7 @@
 //! - `kernels`: static resource report of compiled GPU code objects
 //! - `envinfo`: the environment fingerprint; `bench`: benchmarks and comparisons
 
-#[cfg(any())] // TEMP: enabled when quant/gguf land
 pub mod backend;
-#[cfg(any())] // TEMP
 pub mod bench;
 pub mod config;
 pub mod engine;
@@ -20,7 +18,6 @@ pub mod envinfo;
 pub mod gguf;
 pub mod kernel_registry;
 pub mod kernels;
-#[cfg(any())] // TEMP
 pub mod model;
 pub mod quant;
 pub mod server;

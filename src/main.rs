@@ -1,1 +1,234 @@
-fn main() {}
+//! The `civetta` command line.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use civetta::engine::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "civetta", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("CIVETTA_GIT_SHA"), ")"), about = "Inference daemon for AMD Strix Halo: GGUF models over gRPC, with per-kernel metrics")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve a model over gRPC, with Prometheus metrics on a second port.
+    Serve(civetta::server::ServeArgs),
+    /// Generate once and print tokens as they come.
+    Generate(GenerateArgs),
+    /// Show a GGUF file's metadata and tensor table.
+    Info(InfoArgs),
+    /// Model files: `synth` writes a synthetic test model.
+    Model {
+        #[command(subcommand)]
+        cmd: ModelCmd,
+    },
+    /// Print the environment fingerprint (host, IOMMU, container, toolchain, GPU).
+    Env(civetta::envinfo::cli::EnvArgs),
+    /// Benchmark prompt processing and generation (llama-bench-like), with hashes and profile.
+    Bench(civetta::bench::cli::BenchArgs),
+    /// Compare two `civetta bench -o json` reports.
+    Compare(civetta::bench::cli::CompareArgs),
+    /// Print the logits of every position of a token sequence as JSON (reference tests).
+    Logits(LogitsArgs),
+    /// Tokenize text with a model's tokenizer.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelCmd {
+    /// Write a deterministic synthetic model.
+    Synth(civetta::synth::SynthArgs),
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    #[arg(short, long, default_value = "models/default.gguf")]
+    model: PathBuf,
+    /// Raw prompt text.
+    #[arg(short, long, conflicts_with_all = ["chat", "prompt_tokens"])]
+    prompt: Option<String>,
+    /// One user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// Comma-separated prompt token ids.
+    #[arg(long)]
+    prompt_tokens: Option<String>,
+    #[arg(short = 'n', long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Add the BOS token to a raw prompt (default: the model's preference).
+    #[arg(long)]
+    add_bos: Option<bool>,
+    #[arg(long)]
+    ignore_eos: bool,
+    #[arg(short, long, default_value_t = 0)]
+    threads: usize,
+    /// Print the final summary (token ids, timings) as JSON on stdout instead of the text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct InfoArgs {
+    model: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct LogitsArgs {
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Comma-separated token ids.
+    #[arg(long)]
+    tokens: String,
+    #[arg(short, long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(clap::Args)]
+struct TokenizeArgs {
+    #[arg(short, long, default_value = "models/default.gguf")]
+    model: PathBuf,
+    text: String,
+    #[arg(long)]
+    add_bos: bool,
+    #[arg(long)]
+    parse_special: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // User errors get one clear line, no backtrace.
+            eprintln!("civetta: error: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.cmd {
+        Cmd::Serve(a) => civetta::server::serve(a).map(|_| 0),
+        Cmd::Generate(a) => generate(a).map(|_| 0),
+        Cmd::Info(a) => info(a).map(|_| 0),
+        Cmd::Model { cmd: ModelCmd::Synth(a) } => civetta::synth::run(&a).map(|_| 0),
+        Cmd::Env(a) => civetta::envinfo::cli::run(&a).map(|_| 0),
+        Cmd::Bench(a) => civetta::bench::cli::run_bench(&a).map(|_| 0),
+        Cmd::Compare(a) => civetta::bench::cli::run_compare(&a),
+        Cmd::Logits(a) => logits(a).map(|_| 0),
+        Cmd::Tokenize(a) => tokenize(a).map(|_| 0),
+    }
+}
+
+fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse::<u32>().with_context(|| format!("bad token id {x:?}"))).collect()
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    civetta::server::init_logging("human", "warn");
+    let engine = Engine::load(EngineConfig { model_path: a.model.clone(), threads: a.threads, max_active_sequences: 1, ..EngineConfig::default() })?;
+    let prompt = match (&a.prompt, &a.chat, &a.prompt_tokens) {
+        (Some(p), _, _) => PromptInput::Text { text: p.clone(), add_bos: a.add_bos.unwrap_or(engine.tokenizer().add_bos_default()) },
+        (_, Some(c), _) => PromptInput::Chat(vec![ChatMessage { role: "user".into(), content: c.clone() }]),
+        (_, _, Some(t)) => PromptInput::Tokens(parse_ids(t)?),
+        _ => anyhow::bail!("give --prompt, --chat or --prompt-tokens"),
+    };
+    let req = GenerationRequest {
+        prompt,
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repetition_penalty: a.repeat_penalty,
+            repetition_window: 64,
+            seed: a.seed,
+        },
+        stop: a.stop.clone(),
+        ignore_eos: a.ignore_eos,
+    };
+    let mut stream = engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = std::io::stdout().lock();
+    while let Some(ev) = stream.blocking_next() {
+        match ev {
+            GenerationEvent::Token { text, .. } => {
+                if !a.json {
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                }
+            }
+            GenerationEvent::Done(s) => {
+                if a.json {
+                    writeln!(out, "{}", serde_json::to_string(&s)?)?;
+                } else {
+                    writeln!(out, "{}", s.text_tail)?;
+                }
+                let t = &s.timings;
+                eprintln!(
+                    "[{} prompt tokens in {:.3} s ({:.1} t/s), {} generated in {:.3} s ({:.1} t/s), finish {:?}]",
+                    s.prompt_tokens,
+                    t.prefill.as_secs_f64(),
+                    s.prompt_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
+                    s.completion_tokens,
+                    t.decode.as_secs_f64(),
+                    s.completion_tokens.saturating_sub(1) as f64 / t.decode.as_secs_f64().max(1e-9),
+                    s.finish_reason
+                );
+            }
+            GenerationEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+        }
+    }
+    engine.shutdown();
+    Ok(())
+}
+
+fn info(a: InfoArgs) -> anyhow::Result<()> {
+    let f = civetta::gguf::GgufFile::open(&a.model)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&civetta::gguf::info::info_json(&f))?);
+    } else {
+        print!("{}", civetta::gguf::info::render_info(&f, false));
+    }
+    Ok(())
+}
+
+fn logits(a: LogitsArgs) -> anyhow::Result<()> {
+    let tokens = parse_ids(&a.tokens)?;
+    let be = civetta::backend::create("cpu", a.threads)?;
+    let model = civetta::model::load_file(&a.model, be)?;
+    let all = civetta::model::all_logits(&model, &tokens)?;
+    let rows: Vec<&[f32]> = all.chunks(model.hp.n_vocab).collect();
+    println!("{}", serde_json::json!({ "n_vocab": model.hp.n_vocab, "logits": rows }));
+    Ok(())
+}
+
+fn tokenize(a: TokenizeArgs) -> anyhow::Result<()> {
+    let f = civetta::gguf::GgufFile::open(&a.model)?;
+    let tk = civetta::tokenizer::Tokenizer::from_gguf(&f)?;
+    let ids = tk.encode(&a.text, a.add_bos, a.parse_special);
+    let pieces: Vec<&str> = ids.iter().map(|&i| tk.piece(i)).collect();
+    println!("{}", serde_json::json!({ "ids": ids, "pieces": pieces }));
+    Ok(())
+}

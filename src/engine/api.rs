@@ -4,9 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-// TEMP until the tokenizer lands: pub use crate::tokenizer::ChatMessage;
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage { pub role: String, pub content: String }
+pub use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KernelTimingConfig {

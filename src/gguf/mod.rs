@@ -5,6 +5,7 @@
 mod types;
 pub use types::GgmlType;
 
+pub mod info;
 pub mod reader;
 pub mod writer;
 

@@ -49,7 +49,7 @@ impl GgufWriter {
 
     pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
         let mut pos = 0u64;
-        let mut put = |w: &mut dyn Write, b: &[u8], pos: &mut u64| -> std::io::Result<()> {
+        let put = |w: &mut dyn Write, b: &[u8], pos: &mut u64| -> std::io::Result<()> {
             *pos += b.len() as u64;
             w.write_all(b)
         };

@@ -1,25 +1,45 @@
-//! Tensor block formats (bit-compatible with ggml's block layouts): dequantisation,
-//! quantisation (to write test models) and the dot products of the CPU backend.
+//! Tensor block formats, bit-compatible with ggml's block layouts (ggml-common.h):
+//! dequantisation, quantisation (to write test models) and the dot products of the CPU
+//! backend.
 //!
-//! Dot products follow ggml: activations are quantised once per row (Q8_0 for the 32-blocks,
-//! Q8_K for the K-quants) and each block's integer products are exact; only the per-block
-//! float scaling and the final sum depend on order. The same portable code is compiled three
-//! times (AVX-512, AVX2+FMA, baseline) and chosen once at run time, so the compiler vectorises
-//! for the best instruction set the CPU has without `-C target-cpu`. AMX is never used.
+//! Dot products follow ggml: an activation row is quantised once (Q8_0 for the 32-element
+//! blocks, Q8_K for the K-quants, f32 for float weights), and each block's integer products
+//! are exact; only the per-block float scaling and the final sum depend on evaluation order.
+//! `vec_dot` runs hand-written AVX-512 VNNI or AVX2 kernels chosen once at run time
+//! (`simd_level`), with the scalar reference code (also used by the tests) as fallback.
+//! AMX is never used.
+//!
+//! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
 
-mod blocks;
-mod dot;
+mod float;
+mod k_quants;
+mod legacy;
+mod simd;
 
 pub use crate::gguf::GgmlType;
-pub use blocks::{bf16_to_f32, dequantize_row, f16_to_f32, f32_to_bf16, f32_to_f16, quantize_row};
-pub use dot::{simd_level, vec_dot};
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use simd::SimdLevel;
+
+use anyhow::bail;
 
 /// Formats of quantised activation rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum ActFormat {
     F32,
     Q8_0,
     Q8_K,
+}
+
+impl ActFormat {
+    /// Elements per block.
+    pub fn block_size(self) -> usize {
+        match self {
+            ActFormat::F32 => 1,
+            ActFormat::Q8_0 => legacy::QK,
+            ActFormat::Q8_K => k_quants::QK_K,
+        }
+    }
 }
 
 /// Whether dequantize/quantize/vec_dot support this weight type.
@@ -29,36 +49,142 @@ pub fn supports(t: GgmlType) -> bool {
 }
 
 /// The activation format a weight type's dot product consumes (ggml's vec_dot_type, except
-/// that F16/BF16 weights keep f32 activations for accuracy).
+/// that F16/BF16 weights keep f32 activations for accuracy and Q4_1 pairs with Q8_0).
+/// Unsupported types map to the format ggml would use for their block size.
 pub fn act_format(weight: GgmlType) -> ActFormat {
     use GgmlType::*;
     match weight {
-        Q8_0 | Q4_0 | Q4_1 => ActFormat::Q8_0,
-        Q4_K | Q5_K | Q6_K => ActFormat::Q8_K,
-        _ => ActFormat::F32,
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_1 => ActFormat::Q8_0,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => ActFormat::Q8_K,
+        F32 | F16 | BF16 => ActFormat::F32,
     }
 }
 
-/// Bytes of one activation row of n elements.
+/// Bytes of one activation row of n elements in `fmt` (n a multiple of the block size).
 pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
     match fmt {
         ActFormat::F32 => 4 * n,
-        ActFormat::Q8_0 => n / 32 * 34,
-        ActFormat::Q8_K => n / 256 * blocks::Q8K_BYTES,
+        ActFormat::Q8_0 => n / legacy::QK * legacy::Q8_0_BYTES,
+        ActFormat::Q8_K => n / k_quants::QK_K * k_quants::Q8_K_BYTES,
     }
 }
 
-/// Quantises one activation row into dst (act_row_bytes long).
+/// Quantises one activation row into `dst` with ggml's reference rounding
+/// (quantize_row_q8_0_ref / quantize_row_q8_K_ref); F32 is a little-endian copy.
+///
+/// Panics if `x.len()` is not a multiple of the format's block or `dst` has the wrong
+/// length (both are fixed by the model shape, so this is a caller bug).
 pub fn quantize_act_row(fmt: ActFormat, x: &[f32], dst: &mut [u8]) {
+    assert!(
+        x.len() % fmt.block_size() == 0 && dst.len() == act_row_bytes(fmt, x.len()),
+        "quantize_act_row({fmt:?}): {} elements into {} bytes",
+        x.len(),
+        dst.len()
+    );
     match fmt {
-        ActFormat::F32 => {
-            for (d, v) in dst.chunks_exact_mut(4).zip(x) {
-                d.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        ActFormat::Q8_0 => blocks::quantize_q8_0(x, dst),
-        ActFormat::Q8_K => blocks::quantize_q8_k(x, dst),
+        ActFormat::F32 => float::quantize_f32(x, dst),
+        ActFormat::Q8_0 => legacy::quantize_q8_0(x, dst),
+        ActFormat::Q8_K => k_quants::quantize_q8_k(x, dst),
     }
+}
+
+/// Dequantises one activation row (the inverse of `quantize_act_row`, for tests and tools).
+pub fn dequantize_act_row(fmt: ActFormat, src: &[u8], dst: &mut [f32]) -> anyhow::Result<()> {
+    if dst.len() % fmt.block_size() != 0 || src.len() != act_row_bytes(fmt, dst.len()) {
+        bail!("{fmt:?} activation row: {} elements need {} bytes, got {}", dst.len(), act_row_bytes(fmt, dst.len()), src.len());
+    }
+    match fmt {
+        ActFormat::F32 => float::dequantize_f32(src, dst),
+        ActFormat::Q8_0 => legacy::dequantize_q8_0(src, dst),
+        ActFormat::Q8_K => k_quants::dequantize_q8_k(src, dst),
+    }
+    Ok(())
+}
+
+fn check_row(t: GgmlType, n: usize, bytes: usize) -> anyhow::Result<()> {
+    if !supports(t) {
+        bail!("unsupported tensor type {t}");
+    }
+    match t.row_bytes(n) {
+        Some(b) if b == bytes => Ok(()),
+        Some(b) => bail!("{t} row of {n} elements needs {b} bytes, got {bytes}"),
+        None => bail!("{t} row of {n} elements: not a multiple of the block size {}", t.block_size()),
+    }
+}
+
+fn check_dot_args(weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) {
+    assert!(supports(weight), "vec_dot: unsupported tensor type {weight} (check quant::supports first)");
+    assert!(
+        weight.row_bytes(n) == Some(w_row.len()) && act_row.len() == act_row_bytes(act_format(weight), n),
+        "vec_dot({weight}, n={n}): weight row {} bytes, activation row {} bytes",
+        w_row.len(),
+        act_row.len()
+    );
+}
+
+/// dot(weight row, activation row) over n elements: `w_row` is `weight.row_bytes(n)` bytes,
+/// `act_row` is `act_row_bytes(act_format(weight), n)` bytes. Either may be unaligned.
+///
+/// Panics on an unsupported type or wrong row lengths (caller bugs: check `supports` at
+/// model load).
+#[inline]
+pub fn vec_dot(weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> f32 {
+    check_dot_args(weight, w_row, act_row, n);
+    simd::dot_at(simd::level(), weight, w_row, act_row, n)
+}
+
+/// `vec_dot` with an explicit kernel level (for tests and benchmarks); None when this CPU
+/// lacks the level.
+pub fn vec_dot_at(level: SimdLevel, weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Option<f32> {
+    if !level.available() {
+        return None;
+    }
+    check_dot_args(weight, w_row, act_row, n);
+    Some(simd::dot_at(level, weight, w_row, act_row, n))
+}
+
+/// Dequantises a row of `dst.len()` elements.
+pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> anyhow::Result<()> {
+    check_row(t, dst.len(), src.len())?;
+    match t {
+        GgmlType::F32 => float::dequantize_f32(src, dst),
+        GgmlType::F16 => float::dequantize_f16(src, dst),
+        GgmlType::BF16 => float::dequantize_bf16(src, dst),
+        GgmlType::Q8_0 => legacy::dequantize_q8_0(src, dst),
+        GgmlType::Q4_0 => legacy::dequantize_q4_0(src, dst),
+        GgmlType::Q4_1 => legacy::dequantize_q4_1(src, dst),
+        GgmlType::Q4_K => k_quants::dequantize_q4_k(src, dst),
+        GgmlType::Q5_K => k_quants::dequantize_q5_k(src, dst),
+        GgmlType::Q6_K => k_quants::dequantize_q6_k(src, dst),
+        _ => unreachable!("rejected by check_row"),
+    }
+    Ok(())
+}
+
+/// Quantises a row of f32 into weight type t (deterministic; used to write test models).
+/// Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K use ggml's reference quantisers; F16/BF16 round to
+/// nearest even.
+pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<()> {
+    check_row(t, src.len(), dst.len())?;
+    match t {
+        GgmlType::F32 => float::quantize_f32(src, dst),
+        GgmlType::F16 => float::quantize_f16(src, dst),
+        GgmlType::BF16 => float::quantize_bf16(src, dst),
+        GgmlType::Q8_0 => legacy::quantize_q8_0(src, dst),
+        GgmlType::Q4_0 => legacy::quantize_q4_0(src, dst),
+        GgmlType::Q4_1 => legacy::quantize_q4_1(src, dst),
+        GgmlType::Q4_K => k_quants::quantize_q4_k(src, dst),
+        GgmlType::Q5_K => k_quants::quantize_q5_k(src, dst),
+        GgmlType::Q6_K => k_quants::quantize_q6_k(src, dst),
+        _ => unreachable!("rejected by check_row"),
+    }
+    Ok(())
+}
+
+/// Which kernel level vec_dot uses on this machine: "avx512vnni", "avx2" or "scalar"
+/// (env CIVETTA_SIMD=avx2|scalar caps it, for comparisons).
+pub fn simd_level() -> &'static str {
+    simd::level().name()
 }
 
 #[cfg(test)]

@@ -1,0 +1,148 @@
+//! The 32-element block formats Q8_0, Q4_0 and Q4_1 (ggml-common.h layouts), their reference
+//! quantisers (ggml's quantize_row_*_ref, bit for bit) and scalar dot products with Q8_0
+//! activations.
+//!
+//! Layouts (little endian): Q8_0 = f16 d, 32 x i8; Q4_0 = f16 d, 16 bytes of nibbles;
+//! Q4_1 = f16 d, f16 m, 16 bytes of nibbles. Nibble j of a 4-bit block holds element j in its
+//! low half and element j + 16 in its high half.
+
+use super::float::{f16_at, f32_to_f16};
+
+pub(crate) const QK: usize = 32;
+pub(crate) const Q8_0_BYTES: usize = 34;
+pub(crate) const Q4_0_BYTES: usize = 18;
+pub(crate) const Q4_1_BYTES: usize = 20;
+
+/// ggml's quantize_row_q8_0_ref: d = amax/127, q = round-half-away(x/d).
+pub(crate) fn quantize_q8_0(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        for (q, v) in b[2..].iter_mut().zip(xb) {
+            *q = (v * id).round() as i8 as u8;
+        }
+    }
+}
+
+/// ggml's quantize_row_q4_0_ref: d = max / -8 where max is the value of largest magnitude.
+pub(crate) fn quantize_q4_0(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q4_0_BYTES)) {
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        for j in 0..QK / 2 {
+            // C's (int8_t) cast truncates toward zero.
+            let q0 = ((xb[j] * id + 8.5) as i32).clamp(0, 15) as u8;
+            let q1 = ((xb[j + QK / 2] * id + 8.5) as i32).clamp(0, 15) as u8;
+            b[2 + j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+/// ggml's quantize_row_q4_1_ref: d = (max - min)/15, m = min.
+pub(crate) fn quantize_q4_1(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q4_1_BYTES)) {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in xb {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        b[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+        for j in 0..QK / 2 {
+            let q0 = (((xb[j] - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+            let q1 = (((xb[j + QK / 2] - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+            b[4 + j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q8_0_BYTES)) {
+        let d = f16_at(b, 0);
+        for (v, q) in y.iter_mut().zip(&b[2..]) {
+            *v = (*q as i8) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q4_0_BYTES)) {
+        let d = f16_at(b, 0);
+        for j in 0..QK / 2 {
+            y[j] = ((b[2 + j] & 0xF) as i32 - 8) as f32 * d;
+            y[j + QK / 2] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q4_1_BYTES)) {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for j in 0..QK / 2 {
+            y[j] = (b[4 + j] & 0xF) as f32 * d + m;
+            y[j + QK / 2] = (b[4 + j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+// Scalar reference dots (as ggml_vec_dot_*_q8_0's generic code): exact integer sums per block,
+// scaled by the product of the block scales.
+
+pub(crate) fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0f32;
+    for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let s: i32 = bw[2..].iter().zip(&ba[2..]).map(|(&x, &y)| x as i8 as i32 * y as i8 as i32).sum();
+        sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
+    }
+    sum
+}
+
+pub(crate) fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0f32;
+    for (bw, ba) in w.chunks_exact(Q4_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let mut s = 0i32;
+        for j in 0..QK / 2 {
+            let q = bw[2 + j];
+            s += ((q & 0xF) as i32 - 8) * (ba[2 + j] as i8 as i32);
+            s += ((q >> 4) as i32 - 8) * (ba[2 + QK / 2 + j] as i8 as i32);
+        }
+        sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
+    }
+    sum
+}
+
+/// Q4_1 values are d*q + m, so a block contributes d*da*sum(q*a) + m*da*sum(a). (ggml pairs
+/// Q4_1 with Q8_1, which stores da*sum(a) as f16; we sum the Q8_0 block exactly instead.)
+pub(crate) fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0f32;
+    for (bw, ba) in w.chunks_exact(Q4_1_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let (mut s, mut sa) = (0i32, 0i32);
+        for j in 0..QK / 2 {
+            let q = bw[4 + j];
+            let (a0, a1) = (ba[2 + j] as i8 as i32, ba[2 + QK / 2 + j] as i8 as i32);
+            s += (q & 0xF) as i32 * a0 + (q >> 4) as i32 * a1;
+            sa += a0 + a1;
+        }
+        let da = f16_at(ba, 0);
+        sum += s as f32 * (f16_at(bw, 0) * da) + f16_at(bw, 2) * (da * sa as f32);
+    }
+    sum
+}

@@ -1,0 +1,271 @@
+//! AVX2 + FMA + F16C dot kernels (ggml's x86 approach): one 32-element block per 256-bit
+//! register, `vpmaddubsw` for u8 x i8 products (Q8_0 weights via the sign trick), `vpmaddwd`
+//! to widen (with the sub-block scales for the K-quants), one f32 FMA per block.
+//!
+//! Every load is unaligned, so rows may start anywhere.
+
+use super::super::float;
+use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
+use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
+use super::GgmlType;
+use std::arch::x86_64::*;
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c; the rows must hold n elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    match t {
+        GgmlType::F32 => dot_f32(w, a, n),
+        GgmlType::F16 => dot_f16(w, a, n),
+        GgmlType::BF16 => dot_bf16(w, a, n),
+        GgmlType::Q8_0 => dot_q8_0(w, a, n),
+        GgmlType::Q4_0 => dot_q4_0(w, a, n),
+        GgmlType::Q4_1 => dot_q4_1(w, a, n),
+        GgmlType::Q4_K => dot_q4_k(w, a, n),
+        GgmlType::Q5_K => dot_q5_k(w, a, n),
+        GgmlType::Q6_K => dot_q6_k(w, a, n),
+        _ => super::dot_scalar(t, w, a, n),
+    }
+}
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u32 {
+    (p as *const u16).read_unaligned() as u32
+}
+
+#[inline(always)]
+unsafe fn loadu256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The 32 levels (0..=15) of a 4-bit block whose 16 nibble bytes start at p.
+#[inline(always)]
+unsafe fn nibbles_16(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as _);
+    let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4));
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Broadcast of the f32 product of the f16 values at p and q.
+#[inline(always)]
+unsafe fn scale_product(p: *const u8, q: *const u8) -> __m256 {
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128((rd16(p) | rd16(q) << 16) as i32));
+    _mm256_broadcastss_ps(_mm_mul_ss(f, _mm_movehdup_ps(f)))
+}
+
+/// Sum of adjacent pairs of i16 lanes into i32 lanes.
+#[inline(always)]
+unsafe fn widen(v: __m256i) -> __m256i {
+    _mm256_madd_epi16(v, _mm256_set1_epi16(1))
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q8_0_BYTES), ap.add(i * Q8_0_BYTES));
+        let (wq, aq) = (loadu256(bw.add(2)), loadu256(ba.add(2)));
+        // |w| (u8) times a with w's sign; |w| <= 128 and |a| <= 127 keep pairs within i16.
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(p)), scale_product(bw, ba), acc);
+    }
+    hsum256(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let eight = _mm256_set1_epi8(8);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q4_0_BYTES), ap.add(i * Q8_0_BYTES));
+        let aq = loadu256(ba.add(2));
+        // sum((q - 8) * a) = sum(q * a) - sum(8 * a), both exact in i16 pairs.
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_16(bw.add(2)), aq), _mm256_maddubs_epi16(eight, aq));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(p)), scale_product(bw, ba), acc);
+    }
+    hsum256(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let ones = _mm256_set1_epi8(1);
+    let (mut acc_d, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_0_BYTES));
+        let aq = loadu256(ba.add(2));
+        let dot = widen(_mm256_maddubs_epi16(nibbles_16(bw.add(4)), aq));
+        let asum = widen(_mm256_maddubs_epi16(ones, aq));
+        acc_d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc_d);
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(asum), scale_product(bw.add(2), ba), acc_m);
+    }
+    hsum256(_mm256_add_ps(acc_d, acc_m))
+}
+
+/// Q8_K parts of one activation super-block: (d, pointer to the 256 quants, group sums).
+#[inline(always)]
+unsafe fn q8k(ba: *const u8) -> (f32, *const u8, __m256i) {
+    ((ba as *const f32).read_unaligned(), ba.add(4), loadu256(ba.add(260)))
+}
+
+/// Per super-block of Q4_K/Q5_K: d*da*sum_sb(scale*sum(q*a)) - dmin*da*sum_g(min*bsum).
+/// `levels(c)` gives chunk c's sub-blocks 2c and 2c+1 as two registers of 32 levels.
+#[inline(always)]
+unsafe fn kx_superblock(
+    bw: *const u8,
+    ba: *const u8,
+    mut levels: impl FnMut(usize) -> (__m256i, __m256i),
+    acc: &mut __m256,
+    acc_min: &mut __m256,
+) {
+    let (da, qa, bsums) = q8k(ba);
+    let (sc, mn) = unpack_scales_mins_k4(&*(bw.add(4) as *const [u8; 12]));
+    let mut isum = _mm256_setzero_si256();
+    for c in 0..4 {
+        let (lo, hi) = levels(c);
+        let p_lo = _mm256_maddubs_epi16(lo, loadu256(qa.add(64 * c)));
+        let p_hi = _mm256_maddubs_epi16(hi, loadu256(qa.add(64 * c + 32)));
+        let s_lo = _mm256_set1_epi16((sc >> (16 * c)) as u8 as i16);
+        let s_hi = _mm256_set1_epi16((sc >> (16 * c + 8)) as u8 as i16);
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, s_lo));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, s_hi));
+    }
+    let mv = _mm_cvtsi64_si128(mn as i64);
+    let mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+    let msum = _mm256_madd_epi16(bsums, mins16);
+    let d = float::f16_to_f32(rd16(bw) as u16) * da;
+    let dmin = float::f16_to_f32(rd16(bw.add(2)) as u16) * da;
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), *acc);
+    *acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin), *acc_min);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m0f = _mm256_set1_epi8(0x0F);
+    let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..n / 256 {
+        let bw = wp.add(i * Q4_K_BYTES);
+        let levels = |c: usize| {
+            let raw = loadu256(bw.add(16 + 32 * c));
+            (_mm256_and_si256(raw, m0f), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f))
+        };
+        kx_superblock(bw, ap.add(i * Q8_K_BYTES), levels, &mut acc, &mut acc_min);
+    }
+    hsum256(acc) - hsum256(acc_min)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m0f = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..n / 256 {
+        let bw = wp.add(i * Q5_K_BYTES);
+        let qh = loadu256(bw.add(16));
+        let levels = |c: usize| {
+            let raw = loadu256(bw.add(48 + 32 * c));
+            // Fifth bits: bit 2c (low sub-block) and 2c+1 (high), moved to bit 4.
+            let h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
+            let h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)), one);
+            (
+                _mm256_or_si256(_mm256_and_si256(raw, m0f), _mm256_slli_epi16(h_lo, 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f), _mm256_slli_epi16(h_hi, 4)),
+            )
+        };
+        kx_superblock(bw, ap.add(i * Q8_K_BYTES), levels, &mut acc, &mut acc_min);
+    }
+    hsum256(acc) - hsum256(acc_min)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m0f = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / 256 {
+        let bw = wp.add(i * Q6_K_BYTES);
+        let (da, qa, bsums) = q8k(ap.add(i * Q8_K_BYTES));
+        let sc8 = _mm_loadu_si128(bw.add(192) as _);
+        let mut isum = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = loadu256(bw.add(64 * h));
+            let ql1 = loadu256(bw.add(64 * h + 32));
+            let qh = loadu256(bw.add(128 + 32 * h));
+            // Elements 32k..32k+31 of this half; the 0x30 mask drops bits shifted across bytes.
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m0f), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m0f),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            for (k, q) in q.into_iter().enumerate() {
+                let p = _mm256_maddubs_epi16(q, loadu256(qa.add(128 * h + 32 * k)));
+                // Scales of groups g and g+1 (16 elements = 8 i16 lanes each).
+                let g = (8 * h + 2 * k) as i8;
+                let pick = _mm_setr_epi8(g, g, g, g, g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1);
+                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+            }
+        }
+        // The levels are stored +32: subtract 32 * sum_g(scale_g * bsum_g).
+        let offset = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums), 5);
+        isum = _mm256_sub_epi32(isum, offset);
+        let d = float::f16_to_f32(rd16(bw.add(208)) as u16) * da;
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+    }
+    hsum256(acc)
+}
+
+#[inline(always)]
+unsafe fn dot_floats(t: GgmlType, w: &[u8], a: &[u8], n: usize, load: impl Fn(*const u8) -> __m256) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let elem = t.type_size();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let j = i + 8 * k;
+            *acc = _mm256_fmadd_ps(load(wp.add(j * elem)), _mm256_loadu_ps(ap.add(4 * j) as _), *acc);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(load(wp.add(i * elem)), _mm256_loadu_ps(ap.add(4 * i) as _), acc[0]);
+        i += 8;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum256(s) + super::dot_float_tail(t, w, a, n, i)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_floats(GgmlType::F32, w, a, n, |p| _mm256_loadu_ps(p as _))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_floats(GgmlType::F16, w, a, n, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as _)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    dot_floats(GgmlType::BF16, w, a, n, |p| {
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as _)), 16))
+    })
+}

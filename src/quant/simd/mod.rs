@@ -1,0 +1,111 @@
+//! Run-time choice of the dot-product kernels: AVX-512 (F, BW, VL, VNNI), AVX2 + FMA + F16C,
+//! or the scalar reference code. The level is detected once and cached.
+
+use super::{float, k_quants, legacy, GgmlType};
+use once_cell::sync::Lazy;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// An instruction-set level of the dot-product kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+}
+
+impl SimdLevel {
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Whether this CPU can run the level's kernels.
+    pub fn available(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512Vnni => {
+                SimdLevel::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// The best available level, capped by env CIVETTA_SIMD=scalar|avx2 (for comparisons).
+static LEVEL: Lazy<SimdLevel> = Lazy::new(|| {
+    let cap = match std::env::var("CIVETTA_SIMD").as_deref() {
+        Ok("scalar") => SimdLevel::Scalar,
+        Ok("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512Vnni,
+    };
+    SimdLevel::ALL.into_iter().filter(|l| *l <= cap && l.available()).max().unwrap_or(SimdLevel::Scalar)
+});
+
+pub fn level() -> SimdLevel {
+    *LEVEL
+}
+
+/// The scalar reference dot products.
+pub(crate) fn dot_scalar(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    match t {
+        GgmlType::F32 => float::dot_f32(w, a, n),
+        GgmlType::F16 => float::dot_f16(w, a, n),
+        GgmlType::BF16 => float::dot_bf16(w, a, n),
+        GgmlType::Q8_0 => legacy::dot_q8_0(w, a, n),
+        GgmlType::Q4_0 => legacy::dot_q4_0(w, a, n),
+        GgmlType::Q4_1 => legacy::dot_q4_1(w, a, n),
+        GgmlType::Q4_K => k_quants::dot_q4_k(w, a, n),
+        GgmlType::Q5_K => k_quants::dot_q5_k(w, a, n),
+        GgmlType::Q6_K => k_quants::dot_q6_k(w, a, n),
+        other => panic!("vec_dot: unsupported tensor type {other} (check quant::supports first)"),
+    }
+}
+
+/// Dot product at a given level. The caller guarantees the level is available and the slice
+/// lengths are right (checked in `quant::vec_dot` / `quant::vec_dot_at`).
+#[inline]
+pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `level` is available on this CPU (detected at run time), and the kernels
+        // read only within the row lengths the caller checked.
+        unsafe {
+            match level {
+                SimdLevel::Avx512Vnni => return avx512::dot(t, w, a, n),
+                SimdLevel::Avx2 => return avx2::dot(t, w, a, n),
+                SimdLevel::Scalar => {}
+            }
+        }
+    }
+    let _ = level;
+    dot_scalar(t, w, a, n)
+}
+
+/// The scalar remainder `start..n` of an F32/F16/BF16 dot product.
+#[allow(dead_code)]
+pub(crate) fn dot_float_tail(t: GgmlType, w: &[u8], a: &[u8], n: usize, start: usize) -> f32 {
+    if start >= n {
+        return 0.0;
+    }
+    let elem = t.type_size();
+    dot_scalar(t, &w[start * elem..], &a[start * 4..], n - start)
+}
