@@ -23,8 +23,8 @@ pub use simd::SimdLevel;
 use anyhow::bail;
 
 /// Formats of quantised activation rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActFormat {
     F32,
     Q8_0,

@@ -1,0 +1,155 @@
+// Attention over an f16 KV cache with grouped-query heads (GQA).
+//
+// q: f32 [T][Hq][D], k_cache, v_cache: f16 [S][Hkv][D], out: f32 [T][Hq][D];
+// query head h reads KV head h / (Hq / Hkv). `scale` is usually 1/sqrt(D).
+//
+// civetta_attn_prefill_d{64,128}: causal, tiled (flash-attention style online softmax).
+//   Query t sits at position q_pos0 + t and sees keys 0 ..= q_pos0 + t (keys < S).
+//   32 queries per workgroup, 4 threads per query (D/4 dims each), 32-key tiles in LDS.
+//   Grid: (ceil(T/32), Hq); block: 128 threads.
+// civetta_attn_decode_d{64,128}: one query per head against all S keys (T = 1).
+//   4 waves split the keys, each lane owns D/32 dims; the waves merge in LDS.
+//   Grid: (Hq); block: 128 threads.
+#include "civetta_gpu.h"
+
+namespace {
+
+constexpr int kQueriesPerGroup = 32;
+constexpr int kKeysPerTile = 32;
+constexpr int kThreads = 128;
+
+template <int D>
+CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
+                            int S, int Hq, int Hkv, int q_pos0, float scale) {
+  constexpr int kDims = D / 4; // dims per thread
+  __shared__ __attribute__((aligned(16))) cv_half k_tile[kKeysPerTile * D];
+  __shared__ __attribute__((aligned(16))) cv_half v_tile[kKeysPerTile * D];
+
+  const int tid = (int)cv_tid_x();
+  const int head = (int)cv_bid_y(), kv_head = head / (Hq / Hkv);
+  const int t0 = (int)cv_bid_x() * kQueriesPerGroup;
+  const int t = t0 + tid / 4, d0 = (tid & 3) * kDims;
+  const bool active = t < T;
+  const int q_pos = q_pos0 + (active ? t : T - 1);
+
+  float qv[kDims], acc[kDims];
+  CV_UNROLL for (int i = 0; i < kDims; ++i) {
+    qv[i] = active ? q[((long)t * Hq + head) * D + d0 + i] * scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -__builtin_inff(), l = 0.0f;
+
+  const int last_t = (t0 + kQueriesPerGroup < T ? t0 + kQueriesPerGroup : T) - 1;
+  const int key_end = q_pos0 + last_t + 1 < S ? q_pos0 + last_t + 1 : S; // causal bound of the group
+  for (int k0 = 0; k0 < key_end; k0 += kKeysPerTile) {
+    for (int c = tid; c < kKeysPerTile * D / 8; c += kThreads) { // 16-byte chunks
+      const int key = k0 + c / (D / 8), off = (c % (D / 8)) * 8;
+      cv_v4i kc = {0, 0, 0, 0}, vc = {0, 0, 0, 0};
+      if (key < S) {
+        const long src = ((long)key * Hkv + kv_head) * D + off;
+        kc = *(const cv_v4i*)(k_cache + src);
+        vc = *(const cv_v4i*)(v_cache + src);
+      }
+      *(cv_v4i*)(k_tile + (c / (D / 8)) * D + off) = kc;
+      *(cv_v4i*)(v_tile + (c / (D / 8)) * D + off) = vc;
+    }
+    cv_sync();
+
+    float s[kKeysPerTile];
+    float tile_max = -__builtin_inff();
+    CV_UNROLL for (int j = 0; j < kKeysPerTile; ++j) {
+      float part = 0.0f;
+      CV_UNROLL for (int i = 0; i < kDims; ++i) part += qv[i] * (float)k_tile[j * D + d0 + i];
+      const float dot = cv_group_sum(part, 4);
+      const int key = k0 + j;
+      s[j] = (key < S && key <= q_pos) ? dot : -__builtin_inff();
+      tile_max = __builtin_fmaxf(tile_max, s[j]);
+    }
+    const float m_new = __builtin_fmaxf(m, tile_max);
+    if (m_new != -__builtin_inff()) { // some key of this tile is visible to this query
+      const float correction = cv_exp(m - m_new);
+      l *= correction;
+      CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] *= correction;
+      CV_UNROLL for (int j = 0; j < kKeysPerTile; ++j) {
+        const float p = cv_exp(s[j] - m_new);
+        l += p;
+        CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] += p * (float)v_tile[j * D + d0 + i];
+      }
+      m = m_new;
+    }
+    cv_sync();
+  }
+
+  if (active) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    CV_UNROLL for (int i = 0; i < kDims; ++i) out[((long)t * Hq + head) * D + d0 + i] = acc[i] * inv;
+  }
+}
+
+template <int D>
+CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq,
+                           int Hkv, float scale) {
+  constexpr int kWaves = kThreads / CV_WAVE;
+  constexpr int kDims = D / CV_WAVE; // dims per lane
+  __shared__ float wave_acc[kWaves][D];
+  __shared__ float wave_m[kWaves], wave_l[kWaves];
+
+  const int head = (int)cv_bid_x(), kv_head = head / (Hq / Hkv);
+  const int wave = (int)cv_tid_x() / CV_WAVE, lane = (int)cv_lane();
+  const int d0 = lane * kDims;
+
+  float qv[kDims], acc[kDims];
+  CV_UNROLL for (int i = 0; i < kDims; ++i) {
+    qv[i] = q[(long)head * D + d0 + i] * scale;
+    acc[i] = 0.0f;
+  }
+  float m = -__builtin_inff(), l = 0.0f;
+  for (int key = wave; key < S; key += kWaves) {
+    const long base = ((long)key * Hkv + kv_head) * D + d0;
+    float part = 0.0f;
+    CV_UNROLL for (int i = 0; i < kDims; ++i) part += qv[i] * (float)k_cache[base + i];
+    const float s = cv_wave_sum(part);
+    const float m_new = __builtin_fmaxf(m, s);
+    const float correction = cv_exp(m - m_new), p = cv_exp(s - m_new);
+    l = l * correction + p;
+    CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] = acc[i] * correction + p * (float)v_cache[base + i];
+    m = m_new;
+  }
+
+  CV_UNROLL for (int i = 0; i < kDims; ++i) wave_acc[wave][d0 + i] = acc[i];
+  if (lane == 0) {
+    wave_m[wave] = m;
+    wave_l[wave] = l;
+  }
+  cv_sync();
+  float m_all = -__builtin_inff();
+  CV_UNROLL for (int w = 0; w < kWaves; ++w) m_all = __builtin_fmaxf(m_all, wave_m[w]);
+  float l_all = 0.0f, weight[kWaves];
+  CV_UNROLL for (int w = 0; w < kWaves; ++w) {
+    weight[w] = wave_m[w] == -__builtin_inff() ? 0.0f : cv_exp(wave_m[w] - m_all); // waves without keys
+    l_all += wave_l[w] * weight[w];
+  }
+  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  for (int d = (int)cv_tid_x(); d < D; d += kThreads) {
+    float o = 0.0f;
+    CV_UNROLL for (int w = 0; w < kWaves; ++w) o += wave_acc[w][d] * weight[w];
+    out[(long)head * D + d] = o * inv;
+  }
+}
+
+} // namespace
+
+#define CIVETTA_ATTN(D)                                                                                          \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_prefill_d##D(                                           \
+      const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
+      int q_pos0, float scale) {                                                                                 \
+    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale);                                     \
+  }                                                                                                              \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
+      const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
+      float scale) {                                                                                             \
+    attn_decode<D>(q, k_cache, v_cache, out, S, Hq, Hkv, scale);                                                 \
+  }
+
+CIVETTA_ATTN(64)
+CIVETTA_ATTN(128)

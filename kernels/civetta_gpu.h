@@ -1,0 +1,207 @@
+// civetta_gpu.h: the one portability header every kernel in kernels/ includes.
+//
+// The kernels are written in the HIP/CUDA dialect but compile without ROCm or CUDA
+// headers: AMD with `clang -x hip --offload-device-only -nogpuinc -nogpulib`,
+// NVIDIA with `clang -x cuda --cuda-device-only -nocudainc -nocudalib`.
+// Everything target specific (ids, barriers, cross-lane ops, fast math, the
+// 16x16x16 matrix step) lives here, so kernel files contain no #ifdefs except
+// the build-time CIVETTA_SCHED_BARRIER switch.
+#pragma once
+
+#if defined(__AMDGCN__)
+#define CV_AMD 1
+#elif defined(__CUDA_ARCH__) || defined(__NVPTX__)
+#define CV_NVIDIA 1
+#else
+#error "civetta_gpu.h: compile device code for AMDGPU (-x hip) or NVPTX (-x cuda)"
+#endif
+
+// ---- function and variable qualifiers (normally from the runtime headers) ----
+#ifndef __global__
+#define __global__ __attribute__((global))
+#endif
+#ifndef __device__
+#define __device__ __attribute__((device))
+#endif
+#ifndef __shared__
+#define __shared__ __attribute__((shared))
+#endif
+
+// Kernels use C linkage so the symbol names are stable for hipModuleGetFunction.
+#define CV_KERNEL extern "C" __global__
+#define CV_DEVICE __device__ static inline __attribute__((always_inline))
+// Full unrolling of fixed-trip loops over per-thread arrays keeps them in registers
+// (clang-19 otherwise left attention's score array in scratch).
+#define CV_UNROLL _Pragma("unroll")
+#if CV_AMD
+#define CV_LAUNCH_BOUNDS(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#else
+#define CV_LAUNCH_BOUNDS(threads) __attribute__((launch_bounds(threads)))
+#endif
+
+// ---- fixed-width types without <stdint.h> ----
+typedef signed char cv_i8;
+typedef unsigned char cv_u8;
+typedef short cv_i16;
+typedef unsigned short cv_u16;
+typedef int cv_i32;
+typedef unsigned int cv_u32;
+typedef _Float16 cv_half;
+
+typedef int cv_v4i __attribute__((ext_vector_type(4)));
+typedef int cv_v8i __attribute__((ext_vector_type(8)));
+typedef float cv_v8f __attribute__((ext_vector_type(8)));
+typedef _Float16 cv_v16h __attribute__((ext_vector_type(16)));
+
+// ---- ids, barriers, wave size ----
+#if CV_AMD
+#define CV_WAVE 32 /* gfx10+ kernels are compiled wave32 (the WMMA builtins need it) */
+CV_DEVICE unsigned cv_tid_x() { return __builtin_amdgcn_workitem_id_x(); }
+CV_DEVICE unsigned cv_tid_y() { return __builtin_amdgcn_workitem_id_y(); }
+CV_DEVICE unsigned cv_bid_x() { return __builtin_amdgcn_workgroup_id_x(); }
+CV_DEVICE unsigned cv_bid_y() { return __builtin_amdgcn_workgroup_id_y(); }
+CV_DEVICE unsigned cv_bid_z() { return __builtin_amdgcn_workgroup_id_z(); }
+CV_DEVICE unsigned cv_lane() { return __builtin_amdgcn_mbcnt_lo(~0u, 0u); }
+CV_DEVICE void cv_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+// Stops the machine scheduler from moving instructions across this point.
+#define CV_SCHED_BARRIER() __builtin_amdgcn_sched_barrier(0)
+#else
+#define CV_WAVE 32
+CV_DEVICE unsigned cv_tid_x() { return __nvvm_read_ptx_sreg_tid_x(); }
+CV_DEVICE unsigned cv_tid_y() { return __nvvm_read_ptx_sreg_tid_y(); }
+CV_DEVICE unsigned cv_bid_x() { return __nvvm_read_ptx_sreg_ctaid_x(); }
+CV_DEVICE unsigned cv_bid_y() { return __nvvm_read_ptx_sreg_ctaid_y(); }
+CV_DEVICE unsigned cv_bid_z() { return __nvvm_read_ptx_sreg_ctaid_z(); }
+CV_DEVICE unsigned cv_lane() { return __nvvm_read_ptx_sreg_laneid(); }
+CV_DEVICE void cv_sync() { __syncthreads(); }
+#define CV_SCHED_BARRIER() ((void)0)
+#endif
+
+// ---- cross-lane reductions within one wave ----
+CV_DEVICE float cv_shfl_xor(float v, unsigned mask) {
+#if CV_AMD
+  int src = (int)((cv_lane() ^ mask) & (CV_WAVE - 1)) << 2;
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
+#else
+  return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, (int)mask, 0x1f);
+#endif
+}
+CV_DEVICE float cv_wave_sum(float v) {
+  for (unsigned m = CV_WAVE / 2; m > 0; m >>= 1) v += cv_shfl_xor(v, m);
+  return v;
+}
+CV_DEVICE float cv_wave_max(float v) {
+  for (unsigned m = CV_WAVE / 2; m > 0; m >>= 1) v = __builtin_fmaxf(v, cv_shfl_xor(v, m));
+  return v;
+}
+// Sum over groups of `width` adjacent lanes (width a power of two <= CV_WAVE).
+CV_DEVICE float cv_group_sum(float v, unsigned width) {
+  for (unsigned m = width / 2; m > 0; m >>= 1) v += cv_shfl_xor(v, m);
+  return v;
+}
+
+// ---- fast math ----
+CV_DEVICE float cv_exp2(float x) {
+#if CV_AMD
+  return __builtin_exp2f(x);
+#else
+  return __nvvm_ex2_approx_f(x);
+#endif
+}
+CV_DEVICE float cv_log2(float x) {
+#if CV_AMD
+  return __builtin_log2f(x);
+#else
+  return __nvvm_lg2_approx_f(x);
+#endif
+}
+CV_DEVICE float cv_exp(float x) { return cv_exp2(x * 1.4426950408889634f); }
+CV_DEVICE float cv_rsqrt(float x) {
+#if CV_AMD
+  return __builtin_amdgcn_rsqf(x);
+#else
+  return __nvvm_rsqrt_approx_f(x);
+#endif
+}
+CV_DEVICE float cv_rcp(float x) {
+#if CV_AMD
+  return __builtin_amdgcn_rcpf(x);
+#else
+  return __nvvm_rcp_approx_ftz_f(x);
+#endif
+}
+// sin and cos of an angle in radians, with the range reduction done here.
+CV_DEVICE void cv_sincos(float theta, float* s, float* c) {
+  float rev = theta * 0.15915494309189535f;
+  rev -= __builtin_floorf(rev);
+#if CV_AMD
+  *s = __builtin_amdgcn_sinf(rev); // hardware sin/cos take revolutions
+  *c = __builtin_amdgcn_cosf(rev);
+#else
+  *s = __nvvm_sin_approx_f(rev * 6.283185307179586f);
+  *c = __nvvm_cos_approx_f(rev * 6.283185307179586f);
+#endif
+}
+
+// ---- 16x16x16 matrix step on one wave ----
+// Convention for both element types: A is a 16x16 tile stored row-major with K
+// contiguous (`ld` elements between rows), B is stored as 16 rows of N with K
+// contiguous (an "NT" GEMM, like weights [n][k]); C[r][c] += sum_k A[r][k]*B[c][k].
+// Accumulator layout (the gfx11 WMMA layout, kept by the fallback too):
+// lane l holds element i (0..7) at row 2*i + l/16, column l%16.
+#if CV_AMD && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || \
+               defined(__gfx1103__) || defined(__gfx1150__) || defined(__gfx1151__) || \
+               defined(__gfx1152__) || defined(__gfx1153__))
+#define CV_HAS_WMMA 1
+typedef cv_v4i cv_frag_i8;  // 16 int8 of this lane's row (A) or column (B)
+typedef cv_v16h cv_frag_f16; // 16 halves likewise
+CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) {
+  return *(const cv_v4i*)(tile + (cv_lane() & 15) * ld);
+}
+CV_DEVICE cv_frag_f16 cv_load_frag_f16(const cv_half* tile, int ld) {
+  return *(const cv_v16h*)(tile + (cv_lane() & 15) * ld);
+}
+CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
+  return __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, a, true, b, c, false);
+}
+CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
+  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c);
+}
+#else
+// Portable fallback: a fragment is a view of the tile in shared memory and
+// every lane computes its 8 accumulator elements with scalar dot products.
+#define CV_HAS_WMMA 0
+struct cv_frag_i8 { const cv_i8* tile; int ld; };
+struct cv_frag_f16 { const cv_half* tile; int ld; };
+CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) { return cv_frag_i8{tile, ld}; }
+CV_DEVICE cv_frag_f16 cv_load_frag_f16(const cv_half* tile, int ld) { return cv_frag_f16{tile, ld}; }
+CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
+  const unsigned lane = cv_lane();
+  const cv_i8* bcol = b.tile + (lane & 15) * b.ld;
+  for (int i = 0; i < 8; ++i) {
+    const cv_i8* arow = a.tile + (2 * i + (int)(lane >> 4)) * a.ld;
+    int s = 0;
+    for (int k = 0; k < 16; ++k) s += (int)arow[k] * (int)bcol[k];
+    c[i] += s;
+  }
+  return c;
+}
+CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
+  const unsigned lane = cv_lane();
+  const cv_half* bcol = b.tile + (lane & 15) * b.ld;
+  for (int i = 0; i < 8; ++i) {
+    const cv_half* arow = a.tile + (2 * i + (int)(lane >> 4)) * a.ld;
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += (float)arow[k] * (float)bcol[k];
+    c[i] += s;
+  }
+  return c;
+}
+#endif
+// Row and column of accumulator element i for this lane.
+CV_DEVICE int cv_acc_row(int i) { return 2 * i + (int)(cv_lane() >> 4); }
+CV_DEVICE int cv_acc_col() { return (int)(cv_lane() & 15); }

@@ -1,0 +1,80 @@
+// f16 GEMM on the 16x16x16 matrix step (gfx11 WMMA f16 -> f32; portable fallback elsewhere).
+//
+//   C[m][n] = sum_k A[m][k] * B[n][k]        ("NT": B holds weights as [N][K])
+//
+// A: f16 [M][K], B: f16 [N][K], C: f32 [M][N]. K must be a multiple of 32 and A, B
+// 16-byte aligned; M and N are arbitrary.
+// Grid: (ceil(N/BN), ceil(M/BM)); block: (BM/WM)*(BN/WN)*32 threads.
+#include "civetta_gpu.h"
+
+#ifndef CIVETTA_SCHED_BARRIER
+#define CIVETTA_SCHED_BARRIER 0
+#endif
+
+namespace {
+
+constexpr int kBlockK = 32;
+constexpr int kTileStride = kBlockK + 8; // halves; 80-byte rows keep 16-byte alignment
+
+// Copies rows [row0, row0+ROWS) x [k0, k0+32) into shared memory, zero-filling past `rows`.
+template <int ROWS, int THREADS>
+CV_DEVICE void load_block(cv_half* tile, const cv_half* src, int row0, int rows, int K, int k0) {
+  for (int c = (int)cv_tid_x(); c < ROWS * 4; c += THREADS) {
+    const int r = c >> 2, quarter = c & 3;
+    cv_v4i v = {0, 0, 0, 0};
+    if (row0 + r < rows) v = *(const cv_v4i*)(src + (long)(row0 + r) * K + k0 + quarter * 8);
+    *(cv_v4i*)(tile + r * kTileStride + quarter * 8) = v;
+  }
+}
+
+template <int BM, int BN, int WM, int WN>
+CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {
+  constexpr int kWavesN = BN / WN;
+  constexpr int kThreads = (BM / WM) * kWavesN * CV_WAVE;
+  constexpr int TM = WM / 16, TN = WN / 16;
+  __shared__ __attribute__((aligned(16))) cv_half a_tile[BM * kTileStride];
+  __shared__ __attribute__((aligned(16))) cv_half b_tile[BN * kTileStride];
+
+  const int m0 = (int)cv_bid_y() * BM, n0 = (int)cv_bid_x() * BN;
+  const int wave = (int)cv_tid_x() / CV_WAVE;
+  const int wm = (wave / kWavesN) * WM, wn = (wave % kWavesN) * WN;
+
+  cv_v8f acc[TM][TN];
+  for (int i = 0; i < TM; ++i)
+    for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+
+  for (int k0 = 0; k0 < K; k0 += kBlockK) {
+    load_block<BM, kThreads>(a_tile, A, m0, M, K, k0);
+    load_block<BN, kThreads>(b_tile, B, n0, N, K, k0);
+    cv_sync();
+    for (int kk = 0; kk < kBlockK; kk += 16)
+      for (int i = 0; i < TM; ++i) {
+        const cv_frag_f16 a = cv_load_frag_f16(a_tile + (wm + i * 16) * kTileStride + kk, kTileStride);
+        for (int j = 0; j < TN; ++j)
+          acc[i][j] = cv_mma_f16(a, cv_load_frag_f16(b_tile + (wn + j * 16) * kTileStride + kk, kTileStride),
+                                 acc[i][j]);
+      }
+    cv_sync();
+#if CIVETTA_SCHED_BARRIER
+    CV_SCHED_BARRIER();
+#endif
+  }
+
+  for (int i = 0; i < TM; ++i)
+    for (int j = 0; j < TN; ++j)
+      for (int e = 0; e < 8; ++e) {
+        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col();
+        if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
+      }
+}
+
+} // namespace
+
+#define CIVETTA_GEMM_F16(BM, BN, WM, WN)                                                          \
+  CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_f16_##BM##x##BN( \
+      const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {                        \
+    gemm_f16<BM, BN, WM, WN>(A, B, C, M, N, K);                                                   \
+  }
+
+CIVETTA_GEMM_F16(64, 64, 32, 32)   // 4 waves, 2x2 steps each
+CIVETTA_GEMM_F16(128, 128, 64, 32) // 8 waves, 4x2 steps each

@@ -1,0 +1,68 @@
+# kernels/kernels.mk — GPU code objects and their static resource report.
+# Included by the top-level Makefile. Targets:
+#   make kernels         every kernels/*.hip for each $(GFX) with $(CLANG)
+#   make kernels-report  build with clang-19 and clang-22, print the comparison
+#   make kernels-gate    build gfx1151 with both clangs, fail on any unlisted spill/scratch
+# Output per compiler and arch: $(BUILD)/<clang-tag>/<arch>/<kernel>.hsaco, <kernel>.s (ISA,
+# for counting scratch_ instructions), <kernel>.remarks (clang's resource-usage remarks),
+# and $(BUILD)/<clang-tag>/compiler.txt. gemm_* also build a <kernel>.sb.* variant with a
+# sched_barrier per K block (-DCIVETTA_SCHED_BARRIER=1).
+
+CLANG ?= clang-22
+GFX ?= gfx1151 gfx1100
+BUILD ?= build/kernels
+REPORT_CLANGS ?= clang-19 clang-22
+GATE_GFX ?= gfx1151
+KERNELS_ALLOWLIST ?= kernels/spill-allowlist.toml
+KERNELS_CIVETTA ?= $(CARGO) run --quiet --bin civetta --
+
+# -mcode-object-version=5: clang-22 defaults to v6, which older HIP runtimes cannot load.
+KERNEL_FLAGS := -x hip --offload-device-only --no-gpu-bundle-output -nogpuinc -nogpulib \
+  -O3 -std=c++17 -mcode-object-version=5 -Wall -Werror
+KERNEL_SOURCES := $(wildcard kernels/*.hip)
+KERNEL_NAMES := $(basename $(notdir $(KERNEL_SOURCES)))
+SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16
+
+# "clang-22.1.8" from "Debian clang version 22.1.8 (...)"; empty when $(CLANG) is missing.
+clang_tag = $(shell $(1) --version 2>/dev/null | sed -n '1s/.*clang version \([0-9][0-9.]*\).*/clang-\1/p')
+CLANG_TAG := $(call clang_tag,$(CLANG))
+KERNELS_OUT := $(BUILD)/$(CLANG_TAG)
+
+# $(1) arch, $(2) output stem, $(3) source name, $(4) extra flags
+define kernel_rule
+$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h
+	@mkdir -p $$(@D)
+	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -c $$< -o $$@ \
+	  -Rpass-analysis=kernel-resource-usage 2> $(KERNELS_OUT)/$(1)/$(2).remarks \
+	  || { cat $(KERNELS_OUT)/$(1)/$(2).remarks; exit 1; }
+$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h
+	@mkdir -p $$(@D)
+	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -S $$< -o $$@
+KERNEL_OUTPUTS += $(KERNELS_OUT)/$(1)/$(2).hsaco $(KERNELS_OUT)/$(1)/$(2).s
+endef
+$(foreach a,$(GFX),$(foreach k,$(KERNEL_NAMES),$(eval $(call kernel_rule,$(a),$(k),$(k),))))
+$(foreach a,$(GFX),$(foreach k,$(SCHED_BARRIER_KERNELS),$(eval $(call kernel_rule,$(a),$(k).sb,$(k),-DCIVETTA_SCHED_BARRIER=1))))
+
+.PHONY: kernels kernels-check-clang kernels-report kernels-gate
+
+kernels-check-clang:
+	@test -n "$(CLANG_TAG)" || { echo "kernels: '$(CLANG)' not found or not clang (apt-get install clang-22 lld-22 llvm-22)"; exit 1; }
+
+kernels: kernels-check-clang $(KERNEL_OUTPUTS) ## Compile GPU kernels: CLANG=clang-22 GFX="gfx1151 gfx1100"
+	@$(CLANG) --version > $(KERNELS_OUT)/compiler.txt
+	@echo "kernels: $(words $(filter %.hsaco,$(KERNEL_OUTPUTS))) code objects in $(KERNELS_OUT)"
+
+kernels-report: ## Build kernels with clang-19 and clang-22 and compare their resource usage
+	@set -e; dirs=""; for c in $(REPORT_CLANGS); do \
+	  $(MAKE) --no-print-directory kernels CLANG=$$c GFX="$(GFX)" BUILD=$(BUILD); \
+	  dirs="$$dirs $(BUILD)/$$($$c --version | sed -n '1s/.*clang version \([0-9][0-9.]*\).*/clang-\1/p')"; \
+	done; \
+	for d in $$dirs; do $(KERNELS_CIVETTA) kernels report $$d; done; \
+	$(KERNELS_CIVETTA) kernels report --compare $$dirs
+
+kernels-gate: ## Fail if any gfx1151 kernel spills or uses scratch (both clangs) unless allow-listed
+	@set -e; rc=0; for c in $(REPORT_CLANGS); do \
+	  $(MAKE) --no-print-directory kernels CLANG=$$c GFX="$(GATE_GFX)" BUILD=$(BUILD); \
+	  d=$(BUILD)/$$($$c --version | sed -n '1s/.*clang version \([0-9][0-9.]*\).*/clang-\1/p'); \
+	  $(KERNELS_CIVETTA) kernels gate $$d --allowlist $(KERNELS_ALLOWLIST) || rc=1; \
+	done; exit $$rc

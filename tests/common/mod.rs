@@ -1,0 +1,36 @@
+//! Shared helpers for integration tests: the civetta binary, synthetic models, python.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn civetta() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_civetta"))
+}
+
+/// Synthesises a model into `dir` (cached by name within the directory).
+pub fn synth(dir: &Path, arch: &str, quant: &str) -> PathBuf {
+    let p = dir.join(format!("{arch}-{quant}.gguf"));
+    if !p.exists() {
+        let out = civetta().args(["model", "synth", "--arch", arch, "--quant", quant, "--seed", "1", "-o"]).arg(&p).output().unwrap();
+        assert!(out.status.success(), "synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    p
+}
+
+/// Whether python tests must run: they are skipped only with CIVETTA_SKIP_PYTHON=1.
+pub fn python_or_skip(what: &str) -> bool {
+    if std::env::var("CIVETTA_SKIP_PYTHON").as_deref() == Ok("1") {
+        eprintln!("skipping {what}: CIVETTA_SKIP_PYTHON=1");
+        return false;
+    }
+    let ok = Command::new("python3").args(["-c", "import numpy, gguf"]).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "{what} needs python3 with numpy and gguf (pip install numpy gguf==0.19.0), or set CIVETTA_SKIP_PYTHON=1");
+    true
+}
+
+pub fn run_json(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON: {e}"))
+}
