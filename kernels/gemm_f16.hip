@@ -40,17 +40,17 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
   const int wm = (wave / kWavesN) * WM, wn = (wave % kWavesN) * WN;
 
   cv_v8f acc[TM][TN];
-  for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
 
   for (int k0 = 0; k0 < K; k0 += kBlockK) {
     load_block<BM, kThreads>(a_tile, A, m0, M, K, k0);
     load_block<BN, kThreads>(b_tile, B, n0, N, K, k0);
     cv_sync();
-    for (int kk = 0; kk < kBlockK; kk += 16)
-      for (int i = 0; i < TM; ++i) {
+    CV_UNROLL for (int kk = 0; kk < kBlockK; kk += 16)
+      CV_UNROLL for (int i = 0; i < TM; ++i) {
         const cv_frag_f16 a = cv_load_frag_f16(a_tile + (wm + i * 16) * kTileStride + kk, kTileStride);
-        for (int j = 0; j < TN; ++j)
+        CV_UNROLL for (int j = 0; j < TN; ++j)
           acc[i][j] = cv_mma_f16(a, cv_load_frag_f16(b_tile + (wn + j * 16) * kTileStride + kk, kTileStride),
                                  acc[i][j]);
       }
@@ -60,9 +60,9 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
 #endif
   }
 
-  for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j)
-      for (int e = 0; e < 8; ++e) {
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j)
+      CV_UNROLL for (int e = 0; e < 8; ++e) {
         const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col();
         if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
       }

@@ -51,24 +51,24 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
   const int wm = (wave / kWavesN) * WM, wn = (wave % kWavesN) * WN;
 
   cv_v8f acc[TM][TN];
-  for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
 
   for (int kb = 0; kb < K / kBlockK; ++kb) {
     load_block<BM, kThreads>(a_tile, a_scale, A, sa, m0, M, K, kb);
     load_block<BN, kThreads>(w_tile, w_scale, W, sw, n0, N, K, kb);
     cv_sync();
-    for (int i = 0; i < TM; ++i) {
+    CV_UNROLL for (int i = 0; i < TM; ++i) {
       const cv_i8* a_sub = a_tile + (wm + i * 16) * kTileStride;
       const cv_frag_i8 a_lo = cv_load_frag_i8(a_sub, kTileStride);
       const cv_frag_i8 a_hi = cv_load_frag_i8(a_sub + 16, kTileStride);
-      for (int j = 0; j < TN; ++j) {
+      CV_UNROLL for (int j = 0; j < TN; ++j) {
         const cv_i8* w_sub = w_tile + (wn + j * 16) * kTileStride;
         cv_v8i dot = {0, 0, 0, 0, 0, 0, 0, 0};
         dot = cv_mma_i8(a_lo, cv_load_frag_i8(w_sub, kTileStride), dot);
         dot = cv_mma_i8(a_hi, cv_load_frag_i8(w_sub + 16, kTileStride), dot);
         const float ws = w_scale[wn + j * 16 + cv_acc_col()];
-        for (int e = 0; e < 8; ++e)
+        CV_UNROLL for (int e = 0; e < 8; ++e)
           acc[i][j][e] += (float)dot[e] * (a_scale[wm + i * 16 + cv_acc_row(e)] * ws);
       }
     }
@@ -80,9 +80,9 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
 #endif
   }
 
-  for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j)
-      for (int e = 0; e < 8; ++e) {
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j)
+      CV_UNROLL for (int e = 0; e < 8; ++e) {
         const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col();
         if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
       }
@@ -90,14 +90,17 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
 
 } // namespace
 
-#define CIVETTA_GEMM_W8A8(BM, BN, WM, WN)                                                         \
-  CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_w8a8_##BM##x##BN( \
+#define CIVETTA_GEMM_W8A8(NAME, BM, BN, WM, WN)                                                  \
+  CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_w8a8_##NAME(          \
       const cv_i8* A, const float* sa, const cv_i8* W, const cv_half* sw, float* C, int M, int N,  \
       int K) {                                                                                     \
     gemm_w8a8<BM, BN, WM, WN>(A, sa, W, sw, C, M, N, K);                                           \
   }
 
-CIVETTA_GEMM_W8A8(64, 64, 32, 32)   // 4 waves, 2x2 steps each
-CIVETTA_GEMM_W8A8(128, 64, 32, 32)  // 8 waves, 2x2 steps each
-CIVETTA_GEMM_W8A8(64, 128, 32, 32)  // 8 waves, 2x2 steps each
-CIVETTA_GEMM_W8A8(128, 128, 64, 32) // 8 waves, 4x2 steps each
+CIVETTA_GEMM_W8A8(64x64, 64, 64, 32, 32)       // 4 waves, 2x2 steps each
+CIVETTA_GEMM_W8A8(128x64, 128, 64, 32, 32)     // 8 waves, 2x2 steps each
+CIVETTA_GEMM_W8A8(64x128, 64, 128, 32, 32)     // 8 waves, 2x2 steps each
+CIVETTA_GEMM_W8A8(128x128, 128, 128, 64, 32)   // 8 waves, 4x2 steps each
+// Register-tight: 4 waves with 4x4 steps each (128 accumulator VGPRs per lane); the
+// instantiation where compiler differences in register allocation show first.
+CIVETTA_GEMM_W8A8(128x128_w4, 128, 128, 64, 64)

@@ -8,6 +8,7 @@
 #      HEALTHCHECK, `civetta env --json` inside reporting container podman and the
 #      image tag, the non-root user and the revision label;
 #   4. deploy/kubernetes/civetta-cpu.yaml through `podman kube play` (skip: KUBE=0).
+# Env: CIVETTA_BIN / CIVETTA_CLIENT (prebuilt binaries: no cargo build), IMAGE_NAME, KUBE.
 # Everything it starts is removed on exit. Prints the time of each step.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,13 +40,18 @@ runtime="$(podman info --format '{{.Host.OCIRuntime.Name}}')" || fail "podman in
 echo "podman $(podman version --format '{{.Client.Version}}'), runtime $runtime, CONTAINERS_CONF=$CONTAINERS_CONF"
 
 # ---- 2. images --------------------------------------------------------------
-step "release build (civetta + stream_client example)"
-(cd "$root" && cargo build --release --bin civetta --example stream_client 2>&1 | tail -3)
-client="$root/target/release/examples/stream_client"
+# CIVETTA_BIN and CIVETTA_CLIENT name prebuilt binaries and skip the cargo build.
+bin="${CIVETTA_BIN:-$root/target/release/civetta}"
+client="${CIVETTA_CLIENT:-$root/target/release/examples/stream_client}"
+if [[ -z "${CIVETTA_BIN:-}" ]]; then
+    step "release build (civetta + stream_client example)"
+    (cd "$root" && cargo build --release --bin civetta --example stream_client 2>&1 | tail -3)
+fi
+[[ -x "$bin" ]] || fail "no $bin"
 [[ -x "$client" ]] || fail "no $client"
 
 step "base image + CPU image"
-CIVETTA_BIN="$root/target/release/civetta" "$here/containers-build-cpu.sh" 2>&1 | grep -vE '^(Copying|Writing|Storing|Getting)' | tail -15
+CIVETTA_BIN="$bin" "$here/containers-build-cpu.sh" 2>&1 | grep -vE '^(Copying|Writing|Storing|Getting)' | tail -15
 podman image exists "$image" || fail "image $image was not built"
 
 # ---- 3. run it ----------------------------------------------------------------

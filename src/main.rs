@@ -28,6 +28,8 @@ enum Cmd {
     },
     /// Print the environment fingerprint (host, IOMMU, container, toolchain, GPU).
     Env(civetta::envinfo::cli::EnvArgs),
+    /// Static resource report (VGPRs, scratch, spills, occupancy) of compiled GPU kernels.
+    Kernels(civetta::kernels::cli::KernelsArgs),
     /// Benchmark prompt processing and generation (llama-bench-like), with hashes and profile.
     Bench(civetta::bench::cli::BenchArgs),
     /// Compare two `civetta bench -o json` reports.
@@ -45,11 +47,12 @@ enum ModelCmd {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "chat", "prompt_tokens"])))]
 struct GenerateArgs {
     #[arg(short, long, default_value = "models/default.gguf")]
     model: PathBuf,
     /// Raw prompt text.
-    #[arg(short, long, conflicts_with_all = ["chat", "prompt_tokens"])]
+    #[arg(short, long)]
     prompt: Option<String>,
     /// One user message, rendered with the model's chat template.
     #[arg(long)]
@@ -80,9 +83,12 @@ struct GenerateArgs {
     ignore_eos: bool,
     #[arg(short, long, default_value_t = 0)]
     threads: usize,
-    /// Print the final summary (token ids, timings) as JSON on stdout instead of the text.
+    /// Print the final summary (text, token ids, timings) as JSON on stdout instead of the text.
     #[arg(long)]
     json: bool,
+    /// Cap on the context length in tokens (0 = the model's own).
+    #[arg(long, default_value_t = EngineConfig::default().context_length)]
+    context: usize,
 }
 
 #[derive(clap::Args)]
@@ -90,6 +96,9 @@ struct InfoArgs {
     model: PathBuf,
     #[arg(long)]
     json: bool,
+    /// Show long metadata strings and arrays in full.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(clap::Args)]
@@ -134,6 +143,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Info(a) => info(a).map(|_| 0),
         Cmd::Model { cmd: ModelCmd::Synth(a) } => civetta::synth::run(&a).map(|_| 0),
         Cmd::Env(a) => civetta::envinfo::cli::run(&a).map(|_| 0),
+        Cmd::Kernels(a) => civetta::kernels::cli::run(a),
         Cmd::Bench(a) => civetta::bench::cli::run_bench(&a).map(|_| 0),
         Cmd::Compare(a) => civetta::bench::cli::run_compare(&a),
         Cmd::Logits(a) => logits(a).map(|_| 0),
@@ -147,13 +157,26 @@ fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
 
 fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     civetta::server::init_logging("human", "warn");
-    let engine = Engine::load(EngineConfig { model_path: a.model.clone(), threads: a.threads, max_active_sequences: 1, ..EngineConfig::default() })?;
+    let engine = Engine::load(EngineConfig {
+        model_path: a.model.clone(),
+        threads: a.threads,
+        max_active_sequences: 1,
+        context_length: a.context,
+        ..EngineConfig::default()
+    })?;
     let prompt = match (&a.prompt, &a.chat, &a.prompt_tokens) {
         (Some(p), _, _) => PromptInput::Text { text: p.clone(), add_bos: a.add_bos.unwrap_or(engine.tokenizer().add_bos_default()) },
         (_, Some(c), _) => PromptInput::Chat(vec![ChatMessage { role: "user".into(), content: c.clone() }]),
         (_, _, Some(t)) => PromptInput::Tokens(parse_ids(t)?),
         _ => anyhow::bail!("give --prompt, --chat or --prompt-tokens"),
     };
+    let result = stream_generation(&engine, &a, prompt);
+    engine.shutdown();
+    result
+}
+
+/// Runs one generation, printing tokens as they come (or the JSON summary at the end).
+fn stream_generation(engine: &Engine, a: &GenerateArgs, prompt: PromptInput) -> anyhow::Result<()> {
     let req = GenerationRequest {
         prompt,
         max_tokens: a.max_tokens,
@@ -169,19 +192,23 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
     };
-    let mut stream = engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut stream = engine.submit(req)?;
     let mut out = std::io::stdout().lock();
+    let mut text = String::new();
     while let Some(ev) = stream.blocking_next() {
         match ev {
-            GenerationEvent::Token { text, .. } => {
-                if !a.json {
-                    out.write_all(text.as_bytes())?;
+            GenerationEvent::Token { text: piece, .. } => {
+                if a.json {
+                    text += &piece;
+                } else {
+                    out.write_all(piece.as_bytes())?;
                     out.flush()?;
                 }
             }
             GenerationEvent::Done(s) => {
                 if a.json {
-                    writeln!(out, "{}", serde_json::to_string(&s)?)?;
+                    text += &s.text_tail;
+                    writeln!(out, "{}", generation_json(&text, &s))?;
                 } else {
                     writeln!(out, "{}", s.text_tail)?;
                 }
@@ -200,8 +227,26 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             GenerationEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
         }
     }
-    engine.shutdown();
     Ok(())
+}
+
+/// The `generate --json` summary; durations in seconds.
+fn generation_json(text: &str, s: &civetta::engine::GenerationSummary) -> serde_json::Value {
+    let t = &s.timings;
+    serde_json::json!({
+        "text": text,
+        "token_ids": s.token_ids,
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "finish_reason": format!("{:?}", s.finish_reason).to_lowercase(),
+        "timings": {
+            "queue_seconds": t.queue.as_secs_f64(),
+            "prefill_seconds": t.prefill.as_secs_f64(),
+            "decode_seconds": t.decode.as_secs_f64(),
+            "time_to_first_token_seconds": t.time_to_first_token.as_secs_f64(),
+            "total_seconds": t.total.as_secs_f64(),
+        },
+    })
 }
 
 fn info(a: InfoArgs) -> anyhow::Result<()> {
@@ -209,7 +254,7 @@ fn info(a: InfoArgs) -> anyhow::Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&civetta::gguf::info::info_json(&f))?);
     } else {
-        print!("{}", civetta::gguf::info::render_info(&f, false));
+        print!("{}", civetta::gguf::info::render_info(&f, a.all));
     }
     Ok(())
 }

@@ -11,3 +11,6 @@ pub mod writer;
 
 pub use reader::{GgufError, GgufFile, MetadataValue, TensorInfo};
 pub use writer::GgufWriter;
+
+#[cfg(test)]
+mod tests;

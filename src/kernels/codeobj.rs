@@ -82,11 +82,13 @@ pub fn count_scratch_instructions(asm: &str) -> BTreeMap<String, u32> {
     let mut counts = BTreeMap::new();
     let mut current: Option<String> = None;
     for line in asm.lines() {
-        let trimmed = line.trim();
+        // ';' starts a comment; labels carry one like `name:   ; @name`.
+        let code = line.split(';').next().unwrap_or("");
+        let trimmed = code.trim();
         if let Some(label) = trimmed.strip_suffix(':') {
             if label.starts_with(".Lfunc_end") {
                 current = None;
-            } else if !label.starts_with('.') && !label.contains(char::is_whitespace) && !line.starts_with(char::is_whitespace) {
+            } else if !label.starts_with('.') && !label.contains(char::is_whitespace) && !code.starts_with(char::is_whitespace) {
                 counts.entry(label.to_string()).or_insert(0);
                 current = Some(label.to_string());
             }
@@ -175,7 +177,7 @@ mod tests {
 
     #[test]
     fn scratch_instructions_are_counted_per_function() {
-        let asm = "\t.text\n\t.globl\tk1\nk1:\n\tv_mov_b32 v0, 0\n\tscratch_store_b32 off, v0, off\n.LBB0_1:\n\tscratch_load_b32 v1, off, off\n.Lfunc_end0:\n\tscratch_load_b32 v1, off, off\nk2:\n\ts_endpgm\n.Lfunc_end1:\n";
+        let asm = "\t.text\n\t.globl\tk1\nk1:                ; @k1\n\tv_mov_b32 v0, 0\n\tscratch_store_b32 off, v0, off\n.LBB0_1:\n\tscratch_load_b32 v1, off, off\n.Lfunc_end0:\n\tscratch_load_b32 v1, off, off\nk2:\n\ts_endpgm\n.Lfunc_end1:\n";
         let counts = count_scratch_instructions(asm);
         assert_eq!(counts.get("k1"), Some(&2));
         assert_eq!(counts.get("k2"), Some(&0));

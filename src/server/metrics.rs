@@ -1,151 +1,448 @@
-//! Prometheus metrics: request metrics in a prometheus Registry, plus the per-kernel
-//! registry rendered at scrape time. /metrics never contains prompt or completion text.
+//! Prometheus metrics: request metrics kept in the prometheus crate's own `Registry`, plus
+//! collectors that read the engine's gauges and the per-kernel registry at scrape time.
+//! Nothing here ever sees prompt or completion text.
 
-use crate::engine::Engine;
-use crate::kernel_registry::{self, BUCKETS_SECONDS};
+use crate::engine::EngineStats;
+use crate::kernel_registry::{self, KernelSnapshot, BUCKETS_SECONDS};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Bucket, Counter, Gauge, Histogram as HistogramProto, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
-use std::fmt::Write;
+use std::collections::HashMap;
+use std::time::Duration;
+use tonic::Code;
+
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+const LATENCY_BUCKETS: [f64; 16] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+const INTER_TOKEN_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56];
+
+/// Identity of this process for `civetta_build_info`.
+#[derive(Debug, Clone)]
+pub struct BuildLabels {
+    pub backend: String,
+    /// The GPU kernel compiler, or "none" on the CPU backend.
+    pub compiler: String,
+}
+
+impl BuildLabels {
+    pub fn new(backend: &str, env: &crate::envinfo::Fingerprint) -> BuildLabels {
+        BuildLabels { backend: backend.to_string(), compiler: env.get("toolchain.kernel_compiler").unwrap_or("unknown").to_string() }
+    }
+}
 
 pub struct Metrics {
-    pub registry: Registry,
-    pub requests: IntCounterVec,
-    pub request_duration: HistogramVec,
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub prompt_tokens: IntCounter,
     pub generated_tokens: IntCounter,
     pub in_flight: IntGauge,
     pub rejected: IntCounterVec,
-    queue_depth: IntGauge,
-    active_sequences: IntGauge,
-    kv_cache_bytes: IntGauge,
 }
 
-const LATENCY_BUCKETS: [f64; 16] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
-
 impl Metrics {
-    pub fn new(engine: &Engine, env: &crate::envinfo::Fingerprint) -> prometheus::Result<Metrics> {
+    /// Request metrics, `civetta_build_info` and `civetta_environment_info`; add the
+    /// scrape-time collectors with [`Metrics::register`].
+    pub fn new(build: &BuildLabels, env: &crate::envinfo::Fingerprint) -> prometheus::Result<Metrics> {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(Opts::new("civetta_requests_total", "RPCs handled, by method and status code"), &["rpc", "code"])?;
+        let requests = IntCounterVec::new(Opts::new("civetta_requests_total", "RPCs handled, by method and gRPC status code"), &["rpc", "code"])?;
         let request_duration = HistogramVec::new(
             HistogramOpts::new("civetta_request_duration_seconds", "RPC duration from arrival to the last message").buckets(LATENCY_BUCKETS.to_vec()),
             &["rpc", "code"],
         )?;
-        let ttft = Histogram::with_opts(HistogramOpts::new("civetta_time_to_first_token_seconds", "Time from request arrival to the first generated token").buckets(LATENCY_BUCKETS.to_vec()))?;
+        let ttft = Histogram::with_opts(
+            HistogramOpts::new("civetta_time_to_first_token_seconds", "Time from request arrival to the first generated token").buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
         let itl = Histogram::with_opts(
-            HistogramOpts::new("civetta_inter_token_latency_seconds", "Time between consecutive generated tokens of a stream")
-                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56]),
+            HistogramOpts::new("civetta_inter_token_latency_seconds", "Time between consecutive generated tokens of a stream").buckets(INTER_TOKEN_BUCKETS.to_vec()),
         )?;
         let prompt_tokens = IntCounter::new("civetta_prompt_tokens_total", "Prompt tokens of accepted Generate requests")?;
         let generated_tokens = IntCounter::new("civetta_generated_tokens_total", "Tokens generated and streamed")?;
         let in_flight = IntGauge::new("civetta_requests_in_flight", "Generate streams open now")?;
-        let rejected = IntCounterVec::new(Opts::new("civetta_requests_rejected_total", "Requests refused before reaching the model, by reason"), &["reason"])?;
-        let queue_depth = IntGauge::new("civetta_queue_depth", "Requests waiting for an active sequence slot")?;
-        let active_sequences = IntGauge::new("civetta_active_sequences", "Sequences holding a KV cache now")?;
-        let kv_cache_bytes = IntGauge::new("civetta_kv_cache_bytes", "Bytes of KV cache allocated to active sequences")?;
-        let info = engine.model_info();
-        let build = IntGaugeVec::new(
+        let rejected = IntCounterVec::new(Opts::new("civetta_requests_rejected_total", "Generate requests refused before reaching the model, by reason"), &["reason"])?;
+        let build_info = IntGaugeVec::new(
             Opts::new("civetta_build_info", "Build and runtime identity (value is always 1)"),
-            &["version", "git_sha", "backend", "compiler", "rustc", "model", "arch"],
+            &["version", "git_sha", "backend", "compiler", "rustc"],
         )?;
-        build
-            .with_label_values(&[
-                crate::build_info::VERSION,
-                crate::build_info::GIT_SHA,
-                &info.backend,
-                env.get("toolchain.kernel_compiler").unwrap_or("unknown"),
-                crate::build_info::RUSTC,
-                &info.name,
-                &info.architecture,
-            ])
+        build_info
+            .with_label_values(&[crate::build_info::VERSION, crate::build_info::GIT_SHA, &build.backend, &build.compiler, crate::build_info::RUSTC])
             .set(1);
-        registry.register(Box::new(build))?;
-        registry.register(Box::new(env.info_gauge()?))?;
-        for c in [Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>, Box::new(request_duration.clone()), Box::new(ttft.clone()), Box::new(itl.clone())] {
-            registry.register(c)?;
-        }
-        for c in [
-            Box::new(prompt_tokens.clone()) as Box<dyn prometheus::core::Collector>,
+        let collectors: Vec<Box<dyn Collector>> = vec![
+            Box::new(requests.clone()),
+            Box::new(request_duration.clone()),
+            Box::new(ttft.clone()),
+            Box::new(itl.clone()),
+            Box::new(prompt_tokens.clone()),
             Box::new(generated_tokens.clone()),
             Box::new(in_flight.clone()),
             Box::new(rejected.clone()),
-            Box::new(queue_depth.clone()),
-            Box::new(active_sequences.clone()),
-            Box::new(kv_cache_bytes.clone()),
-        ] {
+            Box::new(build_info),
+            Box::new(env.info_gauge()?),
+        ];
+        for c in collectors {
             registry.register(c)?;
         }
-        Ok(Metrics { registry, requests, request_duration, ttft, itl, prompt_tokens, generated_tokens, in_flight, rejected, queue_depth, active_sequences, kv_cache_bytes })
+        // The usual rejection reasons exist from the start, so rate() works before the first one.
+        for reason in ["invalid", "queue_full", "shutting_down"] {
+            rejected.with_label_values(&[reason]);
+        }
+        Ok(Metrics { registry, requests, request_duration, ttft, itl, prompt_tokens, generated_tokens, in_flight, rejected })
     }
 
-    /// The full exposition text: registry metrics, engine gauges and per-kernel metrics.
-    pub fn render(&self, engine: &Engine) -> String {
-        let s = engine.stats();
-        self.queue_depth.set(s.queued as i64);
-        self.active_sequences.set(s.active as i64);
-        self.kv_cache_bytes.set(s.kv_bytes as i64);
+    pub fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
+        self.registry.register(c)
+    }
+
+    /// Counts a finished RPC with its status code.
+    pub fn observe_request(&self, rpc: &str, code: Code, elapsed: Duration) {
+        let code = code_label(code);
+        self.requests.with_label_values(&[rpc, code]).inc();
+        self.request_duration.with_label_values(&[rpc, code]).observe(elapsed.as_secs_f64());
+    }
+
+    /// The text exposition of everything registered.
+    pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding");
-        let mut out = String::from_utf8(buf).expect("prometheus text is UTF-8");
-        out.push_str(&render_kernels(&kernel_registry::registry().snapshot()));
+        // Encoding into a Vec fails only on invalid metric families, which we never build.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// The canonical gRPC name of a status code ("OK", "INVALID_ARGUMENT", ...).
+pub fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut l = LabelPair::default();
+    l.set_name(name.to_string());
+    l.set_value(value.to_string());
+    l
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_string());
+    f.set_help(help.to_string());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
+
+fn gauge_metric(labels: Vec<LabelPair>, value: f64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(value);
+    let mut m = Metric::default();
+    m.set_label(labels);
+    m.set_gauge(g);
+    m
+}
+
+fn descs(specs: &[(&str, &str, &[&str])]) -> Vec<Desc> {
+    specs
+        .iter()
+        .map(|(name, help, labels)| {
+            Desc::new(name.to_string(), help.to_string(), labels.iter().map(|l| l.to_string()).collect(), HashMap::new()).expect("valid metric descriptor")
+        })
+        .collect()
+}
+
+/// The engine's queue and sequence gauges, read at scrape time.
+pub struct EngineCollector {
+    stats: Box<dyn Fn() -> EngineStats + Send + Sync>,
+    descs: Vec<Desc>,
+}
+
+const ENGINE_GAUGES: [(&str, &str, &[&str]); 3] = [
+    ("civetta_queue_depth", "Requests waiting for an active sequence slot", &[]),
+    ("civetta_active_sequences", "Sequences holding a KV cache now", &[]),
+    ("civetta_kv_cache_bytes", "Bytes of KV cache allocated to active sequences", &[]),
+];
+
+impl EngineCollector {
+    pub fn new(stats: impl Fn() -> EngineStats + Send + Sync + 'static) -> EngineCollector {
+        EngineCollector { stats: Box::new(stats), descs: descs(&ENGINE_GAUGES) }
+    }
+}
+
+impl Collector for EngineCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = (self.stats)();
+        let values = [s.queued as f64, s.active as f64, s.kv_bytes as f64];
+        ENGINE_GAUGES.iter().zip(values).map(|((name, help, _), v)| family(name, help, MetricType::GAUGE, vec![gauge_metric(vec![], v)])).collect()
+    }
+}
+
+const KERNEL_LABELS: [&str; 4] = ["kernel", "shape_class", "backend", "variant"];
+const RESOURCE_LABELS: [&str; 7] = ["kernel", "shape_class", "backend", "variant", "arch", "compiler", "unit"];
+
+type ResourceGetter = fn(&kernel_registry::KernelResources) -> f64;
+/// Static resources of compiled GPU kernels, exported only for kernels that have them.
+const RESOURCE_GAUGES: [(&str, &str, ResourceGetter); 5] = [
+    ("civetta_kernel_vgprs", "Vector registers per lane of the compiled kernel", |r| r.vgprs as f64),
+    ("civetta_kernel_sgprs", "Scalar registers of the compiled kernel", |r| r.sgprs as f64),
+    ("civetta_kernel_scratch_bytes", "Private (scratch) memory per lane in bytes", |r| r.scratch_bytes as f64),
+    ("civetta_kernel_lds_bytes", "Static LDS (shared memory) per workgroup in bytes", |r| r.lds_bytes as f64),
+    ("civetta_kernel_occupancy_waves", "Occupancy at the launch configuration, in the unit label", |r| r.occupancy as f64),
+];
+
+/// Per-kernel metrics generated from the kernel registry at scrape time: a histogram of
+/// the sampled call durations (the registry's buckets), a counter of all calls, and the
+/// resource gauges where a GPU backend provided them.
+pub struct KernelCollector {
+    snapshot: Box<dyn Fn() -> Vec<KernelSnapshot> + Send + Sync>,
+    descs: Vec<Desc>,
+}
+
+impl KernelCollector {
+    /// Reads the process-wide kernel registry.
+    pub fn global() -> KernelCollector {
+        KernelCollector::new(|| kernel_registry::registry().snapshot())
+    }
+
+    pub fn new(snapshot: impl Fn() -> Vec<KernelSnapshot> + Send + Sync + 'static) -> KernelCollector {
+        let mut specs: Vec<(&str, &str, &[&str])> = vec![
+            ("civetta_kernel_duration_seconds", "Duration of sampled kernel (op) calls", &KERNEL_LABELS),
+            ("civetta_kernel_calls_total", "Kernel (op) calls, sampled for timing or not", &KERNEL_LABELS),
+        ];
+        specs.extend(RESOURCE_GAUGES.iter().map(|(name, help, _)| (*name, *help, &RESOURCE_LABELS[..])));
+        KernelCollector { snapshot: Box::new(snapshot), descs: descs(&specs) }
+    }
+}
+
+fn kernel_labels(k: &kernel_registry::KernelKey) -> Vec<LabelPair> {
+    vec![label("kernel", &k.kernel), label("shape_class", &k.shape_class), label("backend", &k.backend), label("variant", &k.variant)]
+}
+
+/// The registry keeps per-bucket counts; Prometheus wants cumulative ones. The registry's
+/// last bucket (+Inf) is implied by the sample count.
+fn histogram(k: &KernelSnapshot) -> HistogramProto {
+    let mut cumulative = 0u64;
+    let buckets = BUCKETS_SECONDS
+        .iter()
+        .enumerate()
+        .map(|(i, &le)| {
+            cumulative += k.bucket_counts.get(i).copied().unwrap_or(0);
+            let mut b = Bucket::default();
+            b.set_upper_bound(le);
+            b.set_cumulative_count(cumulative);
+            b
+        })
+        .collect();
+    let mut h = HistogramProto::default();
+    h.set_bucket(buckets);
+    h.set_sample_count(k.timed_calls);
+    h.set_sample_sum(k.timed_seconds);
+    h
+}
+
+impl Collector for KernelCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let snap = (self.snapshot)();
+        if snap.is_empty() {
+            return Vec::new();
+        }
+        let durations = snap
+            .iter()
+            .map(|k| {
+                let mut m = Metric::default();
+                m.set_label(kernel_labels(&k.key));
+                m.set_histogram(histogram(k));
+                m
+            })
+            .collect();
+        let calls = snap
+            .iter()
+            .map(|k| {
+                let mut c = Counter::default();
+                c.set_value(k.calls as f64);
+                let mut m = Metric::default();
+                m.set_label(kernel_labels(&k.key));
+                m.set_counter(c);
+                m
+            })
+            .collect();
+        let mut out = vec![
+            family("civetta_kernel_duration_seconds", "Duration of sampled kernel (op) calls", MetricType::HISTOGRAM, durations),
+            family("civetta_kernel_calls_total", "Kernel (op) calls, sampled for timing or not", MetricType::COUNTER, calls),
+        ];
+        let with_resources: Vec<_> = snap.iter().filter_map(|k| k.resources.as_ref().map(|r| (k, r))).collect();
+        if !with_resources.is_empty() {
+            for (name, help, get) in RESOURCE_GAUGES {
+                let metrics = with_resources
+                    .iter()
+                    .map(|(k, r)| {
+                        let mut labels = kernel_labels(&k.key);
+                        labels.extend([label("arch", &r.arch), label("compiler", &r.compiler), label("unit", &r.occupancy_unit)]);
+                        gauge_metric(labels, get(r))
+                    })
+                    .collect();
+                out.push(family(name, help, MetricType::GAUGE, metrics));
+            }
+        }
         out
     }
 }
 
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel_registry::{KernelKey, KernelResources};
 
-fn fmt_f64(v: f64) -> String {
-    if v.is_infinite() {
-        "+Inf".into()
-    } else {
-        format!("{v}")
+    fn key(kernel: &str, shape: &str) -> KernelKey {
+        KernelKey { kernel: kernel.into(), shape_class: shape.into(), backend: "cpu".into(), variant: "avx2".into() }
     }
-}
 
-/// Renders the kernel registry as Prometheus text: a histogram of sampled call durations,
-/// a counter of all calls, and static resource gauges where a GPU backend provided them.
-pub fn render_kernels(snap: &[kernel_registry::KernelSnapshot]) -> String {
-    let mut s = String::new();
-    if snap.is_empty() {
-        return s;
-    }
-    let labels = |k: &kernel_registry::KernelKey| {
-        format!("kernel=\"{}\",shape_class=\"{}\",backend=\"{}\",variant=\"{}\"", esc(&k.kernel), esc(&k.shape_class), esc(&k.backend), esc(&k.variant))
-    };
-    s += "# HELP civetta_kernel_duration_seconds Duration of sampled kernel (op) calls.\n# TYPE civetta_kernel_duration_seconds histogram\n";
-    for k in snap {
-        let l = labels(&k.key);
-        let mut cum = 0u64;
-        for (i, le) in BUCKETS_SECONDS.iter().enumerate() {
-            cum += k.bucket_counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(s, "civetta_kernel_duration_seconds_bucket{{{l},le=\"{}\"}} {cum}", fmt_f64(*le));
+    fn snap(kernel: &str, shape: &str, counts: &[(usize, u64)], calls: u64, resources: Option<KernelResources>) -> KernelSnapshot {
+        let mut bucket_counts = vec![0u64; BUCKETS_SECONDS.len() + 1];
+        let mut timed_seconds = 0.0;
+        for &(i, c) in counts {
+            bucket_counts[i] = c;
+            timed_seconds += c as f64 * BUCKETS_SECONDS.get(i).copied().unwrap_or(10.0);
         }
-        let _ = writeln!(s, "civetta_kernel_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}", k.timed_calls);
-        let _ = writeln!(s, "civetta_kernel_duration_seconds_sum{{{l}}} {}", fmt_f64(k.timed_seconds));
-        let _ = writeln!(s, "civetta_kernel_duration_seconds_count{{{l}}} {}", k.timed_calls);
-    }
-    s += "# HELP civetta_kernel_calls_total Kernel (op) calls, sampled for timing or not.\n# TYPE civetta_kernel_calls_total counter\n";
-    for k in snap {
-        let _ = writeln!(s, "civetta_kernel_calls_total{{{}}} {}", labels(&k.key), k.calls);
-    }
-    let with_res: Vec<_> = snap.iter().filter_map(|k| k.resources.as_ref().map(|r| (k, r))).collect();
-    if !with_res.is_empty() {
-        type Getter = fn(&kernel_registry::KernelResources) -> f64;
-        let gauges: [(&str, &str, Getter); 5] = [
-            ("civetta_kernel_vgprs", "Vector registers per lane of the compiled kernel.", |r| r.vgprs as f64),
-            ("civetta_kernel_sgprs", "Scalar registers of the compiled kernel.", |r| r.sgprs as f64),
-            ("civetta_kernel_scratch_bytes", "Private (scratch/local) memory per lane in bytes.", |r| r.scratch_bytes as f64),
-            ("civetta_kernel_lds_bytes", "Static LDS/shared memory per workgroup in bytes.", |r| r.lds_bytes as f64),
-            ("civetta_kernel_occupancy_waves", "Occupancy at the launch configuration, in the unit label.", |r| r.occupancy as f64),
-        ];
-        for (name, help, get) in gauges {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for (k, r) in &with_res {
-                let _ = writeln!(s, "{name}{{{},arch=\"{}\",compiler=\"{}\",unit=\"{}\"}} {}", labels(&k.key), esc(&r.arch), esc(&r.compiler), esc(&r.occupancy_unit), get(r));
-            }
+        let timed_calls = bucket_counts.iter().sum();
+        KernelSnapshot {
+            key: key(kernel, shape),
+            calls,
+            timed_calls,
+            timed_seconds,
+            total_seconds: 0.0,
+            mean_seconds: 0.0,
+            p50_seconds: 0.0,
+            p99_seconds: 0.0,
+            bucket_counts,
+            resources,
         }
     }
-    s
+
+    fn render(c: KernelCollector) -> String {
+        let r = Registry::new();
+        r.register(Box::new(c)).unwrap();
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&r.gather(), &mut buf).unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// The value of the one sample line that starts with `series` followed by a space.
+    fn sample(text: &str, series: &str) -> f64 {
+        let lines: Vec<&str> = text.lines().filter(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' '))).collect();
+        assert_eq!(lines.len(), 1, "expected one sample {series} in:\n{text}");
+        lines[0].rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn kernel_histograms_are_cumulative_and_complete() {
+        let s = vec![snap("matmul_q8_0", "m1", &[(2, 3), (5, 4), (24, 1)], 20, None), snap("rmsnorm", "m1", &[(0, 2)], 2, None)];
+        let text = render(KernelCollector::new(move || s.clone()));
+        let l = r#"kernel="matmul_q8_0",shape_class="m1",backend="cpu",variant="avx2""#;
+        assert!(text.contains("# TYPE civetta_kernel_duration_seconds histogram"));
+        assert!(text.contains("# TYPE civetta_kernel_calls_total counter"));
+        let bucket = |le: &str| sample(&text, &format!("civetta_kernel_duration_seconds_bucket{{{l},le=\"{le}\"}}"));
+        assert_eq!(bucket("0.000001"), 0.0);
+        assert_eq!(bucket("0.000004"), 3.0, "bucket 2 is (2us, 4us]");
+        assert_eq!(bucket("0.000032"), 7.0, "cumulative through bucket 5");
+        assert_eq!(bucket(&BUCKETS_SECONDS[23].to_string()), 7.0, "the +Inf-only sample stays out of finite buckets");
+        assert_eq!(bucket("+Inf"), 8.0);
+        assert_eq!(sample(&text, &format!("civetta_kernel_duration_seconds_count{{{l}}}")), 8.0);
+        let sum = sample(&text, &format!("civetta_kernel_duration_seconds_sum{{{l}}}"));
+        assert!((sum - (3.0 * 4e-6 + 4.0 * 32e-6 + 10.0)).abs() < 1e-9, "{sum}");
+        assert_eq!(sample(&text, &format!("civetta_kernel_calls_total{{{l}}}")), 20.0);
+        assert_eq!(sample(&text, r#"civetta_kernel_calls_total{kernel="rmsnorm",shape_class="m1",backend="cpu",variant="avx2"}"#), 2.0);
+        let buckets_per_series = text.lines().filter(|l| l.starts_with("civetta_kernel_duration_seconds_bucket{kernel=\"rmsnorm\"")).count();
+        assert_eq!(buckets_per_series, BUCKETS_SECONDS.len() + 1);
+        assert!(!text.contains("civetta_kernel_vgprs"), "no resource gauges without resources");
+    }
+
+    #[test]
+    fn resource_gauges_only_for_kernels_with_resources() {
+        let res = KernelResources {
+            arch: "gfx1151".into(),
+            compiler: "clang-22".into(),
+            vgprs: 96,
+            sgprs: 40,
+            scratch_bytes: 0,
+            lds_bytes: 8192,
+            spills: 0,
+            occupancy: 10.0,
+            occupancy_unit: "waves_per_simd".into(),
+        };
+        let s = vec![snap("matmul_q4_k", "m1", &[(3, 1)], 1, Some(res)), snap("rope", "m1", &[(3, 1)], 1, None)];
+        let text = render(KernelCollector::new(move || s.clone()));
+        let l = r#"kernel="matmul_q4_k",shape_class="m1",backend="cpu",variant="avx2",arch="gfx1151",compiler="clang-22",unit="waves_per_simd""#;
+        assert_eq!(sample(&text, &format!("civetta_kernel_vgprs{{{l}}}")), 96.0);
+        assert_eq!(sample(&text, &format!("civetta_kernel_sgprs{{{l}}}")), 40.0);
+        assert_eq!(sample(&text, &format!("civetta_kernel_lds_bytes{{{l}}}")), 8192.0);
+        assert_eq!(sample(&text, &format!("civetta_kernel_scratch_bytes{{{l}}}")), 0.0);
+        assert_eq!(sample(&text, &format!("civetta_kernel_occupancy_waves{{{l}}}")), 10.0);
+        assert!(!text.lines().any(|x| x.starts_with("civetta_kernel_vgprs{kernel=\"rope\"")));
+    }
+
+    #[test]
+    fn label_values_are_escaped_and_empty_registry_renders_nothing() {
+        let s = vec![snap("we\"ird\\name\n", "m1", &[(1, 1)], 1, None)];
+        let text = render(KernelCollector::new(move || s.clone()));
+        assert!(text.contains(r#"civetta_kernel_calls_total{kernel="we\"ird\\name\n",shape_class="m1""#), "{text}");
+        assert_eq!(render(KernelCollector::new(Vec::new)), "");
+    }
+
+    #[test]
+    fn request_metrics_and_engine_gauges() {
+        let env = crate::envinfo::Fingerprint::from_fields(vec![crate::envinfo::Field::new("toolchain.kernel_compiler", "none", "test")]);
+        let m = Metrics::new(&BuildLabels::new("cpu", &env), &env).unwrap();
+        m.register(Box::new(EngineCollector::new(|| EngineStats { queued: 3, active: 2, kv_bytes: 4096, ..Default::default() }))).unwrap();
+        m.register(Box::new(KernelCollector::new(|| vec![snap("rope", "m1", &[(0, 1)], 1, None)]))).unwrap();
+        m.observe_request("Generate", Code::Ok, Duration::from_millis(30));
+        m.observe_request("Generate", Code::Ok, Duration::from_millis(30));
+        m.observe_request("Generate", Code::InvalidArgument, Duration::from_millis(1));
+        m.generated_tokens.inc_by(5);
+        let text = m.render();
+        assert_eq!(sample(&text, r#"civetta_requests_total{code="OK",rpc="Generate"}"#), 2.0);
+        assert_eq!(sample(&text, r#"civetta_requests_total{code="INVALID_ARGUMENT",rpc="Generate"}"#), 1.0);
+        assert_eq!(sample(&text, r#"civetta_request_duration_seconds_bucket{code="OK",rpc="Generate",le="0.025"}"#), 0.0);
+        assert_eq!(sample(&text, r#"civetta_request_duration_seconds_bucket{code="OK",rpc="Generate",le="0.05"}"#), 2.0);
+        assert_eq!(sample(&text, "civetta_generated_tokens_total"), 5.0);
+        assert_eq!(sample(&text, "civetta_queue_depth"), 3.0);
+        assert_eq!(sample(&text, "civetta_active_sequences"), 2.0);
+        assert_eq!(sample(&text, "civetta_kv_cache_bytes"), 4096.0);
+        assert_eq!(sample(&text, r#"civetta_requests_rejected_total{reason="queue_full"}"#), 0.0);
+        let build = text.lines().find(|l| l.starts_with("civetta_build_info{")).unwrap();
+        for part in ["backend=\"cpu\"", "compiler=\"none\"", &format!("version=\"{}\"", crate::build_info::VERSION)] {
+            assert!(build.contains(part), "{build}");
+        }
+        assert!(build.ends_with(" 1"));
+        assert!(text.lines().any(|l| l.starts_with("civetta_environment_info{") && l.ends_with(" 1")), "{text}");
+        assert!(text.contains("civetta_kernel_calls_total{kernel=\"rope\""));
+    }
 }

@@ -1,196 +1,244 @@
-//! The daemon: gRPC service (tonic) with health and reflection, the Prometheus endpoint
-//! (axum, own port), bearer-token auth, graceful shutdown.
+//! The daemon: the gRPC service (tonic) with health and reflection, the Prometheus
+//! endpoint (axum, its own port), bearer-token auth, graceful shutdown.
+//!
+//! `civetta serve` = [`serve`]: load config -> load the engine (errors here are user
+//! errors: one line, exit 2) -> bind both ports -> print
+//! `civetta: listening grpc=ADDR metrics=ADDR` on stderr -> serve until SIGTERM/SIGINT.
 
+pub mod auth;
+pub mod convert;
 pub mod grpc;
 pub mod metrics;
 
 use crate::config;
 use crate::engine::Engine;
 use anyhow::Context;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long after the grace period open connections are closed regardless.
+const FORCE_CLOSE_AFTER_GRACE: Duration = Duration::from_secs(2);
+
+/// The gRPC service name clients and health checks use.
+pub const SERVICE_NAME: &str = "civetta.v1.Inference";
 
 #[derive(clap::Args, Debug, Default)]
 pub struct ServeArgs {
-    /// Config file (default: ./civetta.toml if present).
-    #[arg(long)]
+    /// Config file (default: /etc/civetta/civetta.toml and ./civetta.toml when present).
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// GGUF model to serve.
-    #[arg(short, long)]
+    /// GGUF model to serve (config: model.path).
+    #[arg(short, long, value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// gRPC listen address (port 0 picks a free port; the bound address is printed).
-    #[arg(long)]
+    /// gRPC listen address; port 0 picks a free port (the bound address is printed).
+    #[arg(long, value_name = "ADDR")]
     pub grpc_addr: Option<String>,
-    /// Prometheus /metrics listen address.
-    #[arg(long)]
+    /// Prometheus /metrics listen address; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// CPU threads (0 = all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// Sequences decoded concurrently.
     #[arg(long)]
     pub max_active: Option<usize>,
+    /// Requests that may wait for a slot; beyond that RESOURCE_EXHAUSTED.
     #[arg(long)]
     pub max_queue: Option<usize>,
+    /// Cap on the context length in tokens.
     #[arg(long)]
     pub context: Option<usize>,
-    /// "human" or "json".
-    #[arg(long)]
+    /// Log format: human or json.
+    #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
-    #[arg(long)]
+    /// File with a bearer token that clients must send (`authorization: Bearer ...`).
+    #[arg(long, value_name = "FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Seconds in-flight streams may finish after SIGTERM before they are cancelled.
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_grace: Option<f64>,
 }
 
-pub fn init_logging(format: &str, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CIVETTA_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+impl ServeArgs {
+    /// The flags that were given, as dotted config keys (the last config layer).
+    pub fn overrides(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        let mut o = Vec::new();
+        let mut put = |key, v: Option<serde_json::Value>| {
+            if let Some(v) = v {
+                o.push((key, v));
+            }
+        };
+        put("model.path", self.model.as_ref().map(|v| json!(v)));
+        put("server.grpc_addr", self.grpc_addr.as_ref().map(|v| json!(v)));
+        put("server.metrics_addr", self.metrics_addr.as_ref().map(|v| json!(v)));
+        put("engine.threads", self.threads.map(|v| json!(v)));
+        put("engine.max_active_sequences", self.max_active.map(|v| json!(v)));
+        put("engine.max_queue", self.max_queue.map(|v| json!(v)));
+        put("engine.context_length", self.context.map(|v| json!(v)));
+        put("log.format", self.log_format.as_ref().map(|v| json!(v)));
+        put("server.auth_token_file", self.auth_token_file.as_ref().map(|v| json!(v)));
+        put("server.shutdown_grace_seconds", self.shutdown_grace.map(|v| json!(v)));
+        o
+    }
+}
+
+/// Installs the tracing subscriber on stderr. `CIVETTA_LOG`, when set, replaces `filter`.
+pub fn init_logging(format: &str, filter: &str) {
+    let filter = std::env::var("CIVETTA_LOG")
+        .ok()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(filter));
     let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if format == "json" { b.json().try_init() } else { b.try_init() };
 }
 
-fn overrides(a: &ServeArgs) -> Vec<(&'static str, serde_json::Value)> {
-    use serde_json::json;
-    let mut o = Vec::new();
-    if let Some(v) = &a.model {
-        o.push(("engine.model_path", json!(v)));
-    }
-    if let Some(v) = &a.grpc_addr {
-        o.push(("server.grpc_addr", json!(v)));
-    }
-    if let Some(v) = &a.metrics_addr {
-        o.push(("server.metrics_addr", json!(v)));
-    }
-    if let Some(v) = a.threads {
-        o.push(("engine.threads", json!(v)));
-    }
-    if let Some(v) = a.max_active {
-        o.push(("engine.max_active_sequences", json!(v)));
-    }
-    if let Some(v) = a.max_queue {
-        o.push(("engine.max_queue", json!(v)));
-    }
-    if let Some(v) = a.context {
-        o.push(("engine.context_length", json!(v)));
-    }
-    if let Some(v) = &a.log_format {
-        o.push(("log.format", json!(v)));
-    }
-    if let Some(v) = &a.auth_token_file {
-        o.push(("server.auth_token_file", json!(v)));
-    }
-    o
-}
-
-fn read_token(cfg: &config::ServerConfig) -> anyhow::Result<Option<Arc<Vec<u8>>>> {
-    if let Some(p) = &cfg.auth_token_file {
-        let t = std::fs::read_to_string(p).with_context(|| format!("reading the auth token file {}", p.display()))?;
-        let t = t.trim().to_string();
-        anyhow::ensure!(!t.is_empty(), "the auth token file {} is empty", p.display());
-        return Ok(Some(Arc::new(t.into_bytes())));
-    }
-    if let Some(var) = &cfg.auth_token_env {
-        let t = std::env::var(var).with_context(|| format!("server.auth_token_env names {var}, which is not set"))?;
-        anyhow::ensure!(!t.trim().is_empty(), "the auth token in {var} is empty");
-        return Ok(Some(Arc::new(t.trim().as_bytes().to_vec())));
-    }
-    Ok(None)
-}
-
-/// Runs the daemon until SIGINT/SIGTERM.
+/// Runs the daemon until SIGINT/SIGTERM. Configuration and model errors come back before
+/// anything listens.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let cfg = config::load(args.config.as_deref(), &overrides(&args))?;
+    let cfg = config::load(args.config.as_deref(), &args.overrides())?;
     init_logging(&cfg.log.format, &cfg.log.filter);
-    let token = read_token(&cfg.server)?;
-    let engine = Engine::load(cfg.engine.clone())?;
-    let fingerprint = Arc::new(crate::envinfo::collect(&crate::envinfo::CollectOptions::system(engine.model_info().backend.clone())));
-    let metrics = Arc::new(metrics::Metrics::new(&engine, &fingerprint).context("registering metrics")?);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(run(cfg, engine, metrics, fingerprint, token))
+    let token = auth::Token::from_config(&cfg.server)?;
+    let engine = Engine::load(cfg.engine_config())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("civetta-rpc").enable_all().build()?;
+    let result = rt.block_on(run(cfg, engine.clone(), token, wait_for_signal()));
+    // Joins the engine thread (a no-op when the shutdown path already did).
+    engine.shutdown();
+    result
 }
 
-async fn run(
-    cfg: config::Config,
-    engine: Engine,
-    metrics: Arc<metrics::Metrics>,
-    fingerprint: Arc<crate::envinfo::Fingerprint>,
-    token: Option<Arc<Vec<u8>>>,
-) -> anyhow::Result<()> {
-    use crate::proto::inference_server::InferenceServer;
-    let grpc_listener = tokio::net::TcpListener::bind(&cfg.server.grpc_addr).await.with_context(|| format!("binding gRPC to {}", cfg.server.grpc_addr))?;
-    let metrics_listener =
-        tokio::net::TcpListener::bind(&cfg.server.metrics_addr).await.with_context(|| format!("binding metrics to {}", cfg.server.metrics_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    let metrics_addr = metrics_listener.local_addr()?;
+/// Bound addresses of a running daemon.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+}
 
-    let model_name = if cfg.server.model_name.is_empty() { engine.model_info().name.clone() } else { cfg.server.model_name.clone() };
-    let svc = grpc::InferenceService { engine: engine.clone(), metrics: metrics.clone(), model_name, fingerprint };
-    let (mut health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<InferenceServer<grpc::InferenceService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building gRPC reflection")?;
-    let inference = InferenceServer::new(svc).max_decoding_message_size(cfg.server.max_message_bytes);
-    let inference = tonic::service::interceptor::InterceptedService::new(inference, grpc::auth_interceptor(token));
+/// Serves `engine` until `stop` completes, then shuts down gracefully: health goes
+/// NOT_SERVING, no new connections or requests are accepted, in-flight streams get
+/// `server.shutdown_grace_seconds` to finish, then the engine cancels what is left.
+pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    use crate::proto::inference_server::InferenceServer;
+    let grpc_listener =
+        tokio::net::TcpListener::bind(&cfg.server.grpc_addr).await.with_context(|| format!("cannot listen for gRPC on {}", cfg.server.grpc_addr))?;
+    let metrics_listener = tokio::net::TcpListener::bind(&cfg.server.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen for metrics on {}", cfg.server.metrics_addr))?;
+    let bound = Bound { grpc: grpc_listener.local_addr()?, metrics: metrics_listener.local_addr()? };
+
+    let info = engine.model_info().clone();
+    let fingerprint = Arc::new(crate::envinfo::collect(&crate::envinfo::CollectOptions::system(info.backend.clone())));
+    let metrics = Arc::new(metrics::Metrics::new(&metrics::BuildLabels::new(&info.backend, &fingerprint), &fingerprint).context("registering metrics")?);
+    let stats_engine = engine.clone();
+    metrics.register(Box::new(metrics::EngineCollector::new(move || stats_engine.stats()))).context("registering metrics")?;
+    metrics.register(Box::new(metrics::KernelCollector::global())).context("registering metrics")?;
+
+    let model_name = if cfg.model.name.is_empty() { info.name.clone() } else { cfg.model.name.clone() };
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let svc = grpc::InferenceService { engine: engine.clone(), metrics: metrics.clone(), model_name: model_name.clone(), fingerprint, draining: draining.clone() };
+    let (mut health, health_service) = tonic_health::server::health_reporter();
+    health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
+    // Both reflection versions: grpcurl and older clients still ask v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().context("building gRPC reflection")?;
+    let reflection_v1alpha = reflection().build_v1alpha().context("building gRPC reflection")?;
+    let max = cfg.server.max_message_bytes;
+    let inference = InferenceServer::new(svc).max_decoding_message_size(max);
+    let inference = tonic::service::interceptor::InterceptedService::new(inference, auth::interceptor(token.clone()));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let metrics_app = {
-        let (engine, metrics) = (engine.clone(), metrics.clone());
-        axum::Router::new()
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let (engine, metrics) = (engine.clone(), metrics.clone());
-                    async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render(&engine)) }
-                }),
-            )
-            .route("/healthz", axum::routing::get(|| async { "ok\n" }))
-    };
-    let mut metrics_stop = stop_rx.clone();
-    let metrics_task = tokio::spawn(async move {
-        axum::serve(metrics_listener, metrics_app)
-            .with_graceful_shutdown(async move {
-                let _ = metrics_stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), stop_rx.clone()));
 
-    eprintln!("civetta: listening grpc={grpc_addr} metrics={metrics_addr}");
-    tracing::info!(%grpc_addr, %metrics_addr, model = %engine.model_info().path.display(), backend = %engine.model_info().backend, "serving");
+    eprintln!("civetta: listening grpc={} metrics={}", bound.grpc, bound.metrics);
+    tracing::info!(grpc = %bound.grpc, metrics = %bound.metrics, model = %info.path.display(), name = %model_name, backend = %info.backend, auth = token.is_enabled(), "serving");
 
-    let grace = std::time::Duration::from_secs_f64(cfg.server.shutdown_grace_seconds);
-    let signal_engine = engine.clone();
+    let grace = Duration::from_secs_f64(cfg.server.shutdown_grace_seconds);
+    let shutdown_engine = engine.clone();
     let shutdown = async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested: health NOT_SERVING, no new connections, {:.1} s grace for in-flight streams", grace.as_secs_f64());
-        health_reporter.set_not_serving::<InferenceServer<grpc::InferenceService>>().await;
-        health_reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        stop.await;
+        tracing::info!(grace_seconds = grace.as_secs_f64(), "shutdown requested: health NOT_SERVING, no new requests, in-flight streams may finish");
+        health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing).await;
+        health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
-        // After the grace period, cancel what is still running so the server can finish.
+        // After the grace period the engine cancels what is still running; the streams
+        // then end with UNAVAILABLE and the server can finish.
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            tokio::task::spawn_blocking(move || signal_engine.shutdown()).await.ok();
+            tracing::info!("grace period over: cancelling remaining sequences");
+            draining.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = tokio::task::spawn_blocking(move || shutdown_engine.shutdown()).await;
         });
     };
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(inference)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), shutdown)
-        .await
-        .context("gRPC server")?;
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), shutdown);
+    // Streams the engine does not own (a health Watch, say) would hold a graceful shutdown
+    // open forever; they are closed a little after the grace period.
+    let mut stopping = stop_rx;
+    let forced = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+        tokio::time::sleep(grace + FORCE_CLOSE_AFTER_GRACE).await;
+    };
+    tokio::select! {
+        r = server => r.context("gRPC server")?,
+        _ = forced => tracing::warn!("connections still open after the grace period; closing them"),
+    }
     let _ = metrics_task.await;
-    tokio::task::spawn_blocking(move || engine.shutdown()).await.ok();
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// GET /metrics (Prometheus text format) and GET /healthz on their own port.
+async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<metrics::Metrics>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    use axum::http::header::CONTENT_TYPE;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    // Collection walks the kernel registry; keep it off the async workers.
+                    let text = tokio::task::spawn_blocking(move || metrics.render()).await.unwrap_or_default();
+                    ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], text)
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "metrics endpoint failed");
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGTERM handler; stopping on SIGINT only");
+                let _ = ctrl_c.await;
+            }
         }
     }
     #[cfg(not(unix))]

@@ -37,14 +37,21 @@ pub mod token_type {
 pub struct TokenizerParts {
     pub kind: Option<TokenizerKind>,
     pub tokens: Vec<String>,
+    /// SentencePiece scores (ignored for BPE); missing means all zero.
     pub scores: Vec<f32>,
+    /// GGUF token types (see [`token_type`]); missing means all normal.
     pub token_types: Vec<i32>,
+    /// BPE merges "left right", in rank order.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.pre`; empty means llama.cpp's "default".
     pub pre: String,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
     pub add_bos: Option<bool>,
+    /// SentencePiece dummy prefix (`tokenizer.ggml.add_space_prefix`, default true).
     pub add_space_prefix: Option<bool>,
     pub chat_template: Option<String>,
 }
@@ -55,13 +62,15 @@ pub struct Tokenizer {
     token_types: Vec<i32>,
     /// Bytes each token contributes to output text.
     token_bytes: Vec<Vec<u8>>,
+    /// Text -> id; for duplicated texts the last id wins, as in llama.cpp.
     ids: HashMap<String, u32>,
     bpe: Option<bpe::Bpe>,
     spm: Option<spm::Spm>,
     pre: String,
     pre_splitter: pretokenize::PreTokenizer,
-    /// Special tokens matched in text when parse_special is on, longest first.
-    specials: Vec<(String, u32)>,
+    /// Tokens matched in raw text before tokenizing (control, user-defined, unknown), longest
+    /// first: (text, id, only when parse_special is on).
+    specials: Vec<(String, u32, bool)>,
     bos: Option<u32>,
     eos: Option<u32>,
     eog: Vec<u32>,
@@ -70,13 +79,32 @@ pub struct Tokenizer {
     chat_template: Option<String>,
 }
 
+/// Names that end generation when they are control tokens (as llama.cpp's EOG list).
+const EOG_NAMES: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|endoftext|>",
+    "<|end|>",
+    "</s>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<EOT>",
+];
+
+/// A piece of input text: raw text to tokenize, or a special token found in it.
+enum Fragment<'a> {
+    Text(&'a str),
+    Token(u32),
+}
+
 impl Tokenizer {
     pub fn from_gguf(f: &GgufFile) -> anyhow::Result<Tokenizer> {
         let model = f.get_str("tokenizer.ggml.model").context("tokenizer.ggml.model is missing")?;
         let kind = match model {
             "gpt2" => TokenizerKind::Bpe,
             "llama" => TokenizerKind::Spm,
-            other => bail!("unsupported tokenizer model \"{other}\" (supported: gpt2, llama)"),
+            other => bail!("unsupported tokenizer model {other} (supported: gpt2, llama)"),
         };
         let tokens: Vec<String> = f
             .get_str_array("tokenizer.ggml.tokens")
@@ -84,16 +112,23 @@ impl Tokenizer {
             .into_iter()
             .map(str::to_string)
             .collect();
+        let merges = match (kind, f.get_str_array("tokenizer.ggml.merges")) {
+            (_, Some(m)) => m.into_iter().map(str::to_string).collect(),
+            (TokenizerKind::Bpe, None) => bail!("tokenizer.ggml.merges is missing or not an array of strings"),
+            (TokenizerKind::Spm, None) => Vec::new(),
+        };
         let id = |k: &str| f.get_u32(k);
         Tokenizer::from_parts(TokenizerParts {
             kind: Some(kind),
             scores: f.get_f32_array("tokenizer.ggml.scores").unwrap_or_default(),
             token_types: f.get_i32_array("tokenizer.ggml.token_type").unwrap_or_default(),
-            merges: f.get_str_array("tokenizer.ggml.merges").unwrap_or_default().into_iter().map(str::to_string).collect(),
-            pre: f.get_str("tokenizer.ggml.pre").unwrap_or("default").to_string(),
+            merges,
+            pre: f.get_str("tokenizer.ggml.pre").unwrap_or("").to_string(),
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
             eot: id("tokenizer.ggml.eot_token_id"),
+            eom: id("tokenizer.ggml.eom_token_id"),
+            unk: id("tokenizer.ggml.unknown_token_id"),
             add_bos: f.get_bool("tokenizer.ggml.add_bos_token"),
             add_space_prefix: f.get_bool("tokenizer.ggml.add_space_prefix"),
             chat_template: f.get_str("tokenizer.chat_template").map(str::to_string),
@@ -107,24 +142,36 @@ impl Tokenizer {
         if n == 0 {
             bail!("the vocabulary is empty");
         }
-        let token_types = if p.token_types.len() == n { p.token_types } else { vec![token_type::NORMAL; n] };
-        for (name, v) in [("bos", p.bos), ("eos", p.eos), ("eot", p.eot)] {
+        if n > u32::MAX as usize / 2 {
+            bail!("the vocabulary has {n} entries, too many");
+        }
+        let token_types = match p.token_types.len() {
+            0 => vec![token_type::NORMAL; n],
+            m if m == n => p.token_types,
+            m => bail!("{m} token types for {n} tokens"),
+        };
+        if !p.scores.is_empty() && p.scores.len() != n {
+            bail!("{} token scores for {n} tokens", p.scores.len());
+        }
+        for (name, v) in [("bos", p.bos), ("eos", p.eos), ("eot", p.eot), ("eom", p.eom), ("unknown", p.unk)] {
             if let Some(v) = v {
                 if v as usize >= n {
                     bail!("{name} token id {v} is outside the vocabulary of {n}");
                 }
             }
         }
+        // llama.cpp renames empty entries so that they cannot match text.
+        let tokens: Vec<String> =
+            p.tokens.into_iter().enumerate().map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t }).collect();
         let mut ids = HashMap::with_capacity(n);
-        for (i, t) in p.tokens.iter().enumerate() {
-            ids.entry(t.clone()).or_insert(i as u32);
+        for (i, t) in tokens.iter().enumerate() {
+            ids.insert(t.clone(), i as u32);
         }
-        let token_bytes: Vec<Vec<u8>> = p
-            .tokens
+        let token_bytes: Vec<Vec<u8>> = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| match token_types[i] {
-                token_type::CONTROL | token_type::UNUSED => Vec::new(),
+                token_type::CONTROL | token_type::UNUSED | token_type::UNKNOWN => Vec::new(),
                 token_type::USER_DEFINED => t.as_bytes().to_vec(),
                 _ => match kind {
                     TokenizerKind::Bpe => bpe::token_to_bytes(t),
@@ -132,42 +179,50 @@ impl Tokenizer {
                 },
             })
             .collect();
-        let bpe = match kind {
-            TokenizerKind::Bpe => Some(bpe::Bpe::new(&p.merges, &ids)?),
-            TokenizerKind::Spm => None,
+        let pre_spec = pretokenize::spec_for(&p.pre);
+        let (bpe, spm) = match kind {
+            TokenizerKind::Bpe => (Some(bpe::Bpe::new(n, &p.merges, &ids, pre_spec.ignore_merges)), None),
+            TokenizerKind::Spm => {
+                let unk = p.unk.or_else(|| token_types.iter().position(|&t| t == token_type::UNKNOWN).map(|i| i as u32));
+                (None, Some(spm::Spm::new(&tokens, &p.scores, &ids, unk)))
+            }
         };
-        let spm = match kind {
-            TokenizerKind::Spm => Some(spm::Spm::new(&p.tokens, &p.scores, &token_types)),
-            TokenizerKind::Bpe => None,
-        };
-        let mut specials: Vec<(String, u32)> = p
-            .tokens
+        let mut specials: Vec<(String, u32, bool)> = tokens
             .iter()
             .enumerate()
-            .filter(|(i, t)| matches!(token_types[*i], token_type::CONTROL | token_type::USER_DEFINED) && !t.is_empty())
-            .map(|(i, t)| (t.clone(), i as u32))
+            .filter_map(|(i, t)| match token_types[i] {
+                token_type::CONTROL | token_type::UNKNOWN => Some((t.clone(), i as u32, true)),
+                token_type::USER_DEFINED => Some((t.clone(), i as u32, false)),
+                _ => None,
+            })
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        let mut eog: Vec<u32> = [p.eos, p.eot].into_iter().flatten().collect();
-        for name in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "</s>", "<|end_of_text|>", "<end_of_turn>"] {
-            if let Some(&i) = ids.get(name) {
+        let mut eog: Vec<u32> = [p.eos, p.eot, p.eom].into_iter().flatten().collect();
+        for name in EOG_NAMES {
+            if let Some(&i) = ids.get(*name) {
                 if token_types[i as usize] == token_type::CONTROL && !eog.contains(&i) {
                     eog.push(i);
                 }
             }
         }
-        let pre_splitter = pretokenize::PreTokenizer::for_name(&p.pre);
+        let pre_splitter = match kind {
+            TokenizerKind::Bpe => pretokenize::PreTokenizer::for_name(&p.pre),
+            TokenizerKind::Spm => pretokenize::PreTokenizer::for_name("gpt-2"),
+        };
         Ok(Tokenizer {
             kind,
-            add_bos: p.add_bos.unwrap_or(kind == TokenizerKind::Spm),
+            add_bos: p.add_bos.unwrap_or(match kind {
+                TokenizerKind::Spm => true,
+                TokenizerKind::Bpe => pre_spec.add_bos,
+            }),
             add_space_prefix: p.add_space_prefix.unwrap_or(true),
-            tokens: p.tokens,
+            tokens,
             token_types,
             token_bytes,
             ids,
             bpe,
             spm,
-            pre: p.pre,
+            pre: if p.pre.is_empty() { "default".to_string() } else { p.pre },
             pre_splitter,
             specials,
             bos: p.bos,
@@ -177,67 +232,78 @@ impl Tokenizer {
         })
     }
 
-    /// Encodes text; with `parse_special`, control and user-defined token texts in `text`
-    /// become their ids instead of being encoded as text.
+    /// Encodes text. With `add_bos` the BOS token (when the vocabulary has one) comes first.
+    /// User-defined tokens' texts always become their ids (as in llama.cpp and HF); with
+    /// `parse_special` control tokens' texts (e.g. "<|im_start|>") do too.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             if let Some(b) = self.bos {
                 out.push(b);
             }
         }
-        let mut first_text = true;
-        for (seg, special) in self.split_specials(text, parse_special) {
-            if let Some(id) = special {
-                out.push(id);
-                continue;
-            }
-            match self.kind {
-                TokenizerKind::Bpe => {
-                    let bpe = self.bpe.as_ref().expect("bpe tokenizer");
-                    for piece in self.pre_splitter.split(seg) {
-                        bpe.encode_word(piece, &self.ids, &mut out);
+        // SentencePiece adds its dummy prefix to text that starts the input or follows a
+        // special token.
+        let mut after_special = true;
+        for fragment in self.partition(text, parse_special) {
+            match fragment {
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(seg) => {
+                    match (&self.bpe, &self.spm) {
+                        (Some(bpe), _) => {
+                            for word in self.pre_splitter.split(seg) {
+                                bpe.encode_word(word, &self.ids, &mut out);
+                            }
+                        }
+                        (None, Some(spm)) => spm.encode(seg, self.add_space_prefix && after_special, &self.ids, &mut out),
+                        (None, None) => unreachable!("a tokenizer has a BPE or an SPM model"),
                     }
-                }
-                TokenizerKind::Spm => {
-                    let spm = self.spm.as_ref().expect("spm tokenizer");
-                    // llama.cpp adds the space prefix only to the first text fragment.
-                    let prefix = self.add_space_prefix && first_text;
-                    spm.encode(seg, prefix, &self.ids, &mut out);
+                    after_special = false;
                 }
             }
-            first_text = false;
         }
         out
     }
 
-    /// Splits text into plain segments and special tokens.
-    fn split_specials<'a>(&self, text: &'a str, parse_special: bool) -> Vec<(&'a str, Option<u32>)> {
-        if !parse_special || self.specials.is_empty() {
-            return vec![(text, None)];
+    /// Splits text at special tokens like llama.cpp's tokenizer_st_partition: longest token
+    /// text first, every occurrence in the remaining raw text.
+    fn partition<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+        let mut fragments = Vec::new();
+        if text.is_empty() {
+            return fragments;
         }
-        let mut out = Vec::new();
-        let mut start = 0;
-        let mut i = 0;
-        let bytes = text.as_bytes();
-        while i < bytes.len() {
-            if text.is_char_boundary(i) {
-                if let Some((s, id)) = self.specials.iter().find(|(s, _)| text[i..].starts_with(s.as_str())) {
-                    if start < i {
-                        out.push((&text[start..i], None));
-                    }
-                    out.push(("", Some(*id)));
-                    i += s.len();
-                    start = i;
+        fragments.push(Fragment::Text(text));
+        for (special, id, needs_parse_special) in &self.specials {
+            if *needs_parse_special && !parse_special {
+                continue;
+            }
+            if !fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(special.as_str()))) {
+                continue;
+            }
+            let mut next = Vec::with_capacity(fragments.len() + 2);
+            for f in fragments {
+                let Fragment::Text(t) = f else {
+                    next.push(f);
                     continue;
+                };
+                let mut rest = t;
+                while let Some(pos) = rest.find(special.as_str()) {
+                    if pos > 0 {
+                        next.push(Fragment::Text(&rest[..pos]));
+                    }
+                    next.push(Fragment::Token(*id));
+                    rest = &rest[pos + special.len()..];
+                }
+                if !rest.is_empty() {
+                    next.push(Fragment::Text(rest));
                 }
             }
-            i += 1;
+            fragments = next;
         }
-        if start < text.len() {
-            out.push((&text[start..], None));
-        }
-        out
+        fragments
     }
 
     /// Bytes a token contributes to output text (empty for control tokens).
@@ -245,18 +311,21 @@ impl Tokenizer {
         self.token_bytes.get(id as usize).map(|v| v.as_slice()).unwrap_or(&[])
     }
 
+    /// Decodes ids to text (invalid UTF-8 becomes U+FFFD). For SentencePiece with the dummy
+    /// prefix, the space that the first text token carries is dropped, so that
+    /// `decode(encode(s))` gives back `s` (as HF's decoder does).
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::new();
+        let mut strip_space = self.kind == TokenizerKind::Spm && self.add_space_prefix;
         for &id in ids {
-            bytes.extend_from_slice(self.token_bytes(id));
-        }
-        let s = String::from_utf8_lossy(&bytes).into_owned();
-        if self.kind == TokenizerKind::Spm && self.add_space_prefix {
-            if let Some(rest) = s.strip_prefix(' ') {
-                return rest.to_string();
+            let mut b = self.token_bytes(id);
+            if strip_space && !b.is_empty() {
+                b = b.strip_prefix(b" ").unwrap_or(b);
+                strip_space = false;
             }
+            bytes.extend_from_slice(b);
         }
-        s
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     pub fn piece(&self, id: u32) -> &str {

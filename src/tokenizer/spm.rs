@@ -1,99 +1,96 @@
-//! SentencePiece (llama.cpp's llm_tokenizer_spm): spaces become "▁", the highest-scoring
-//! adjacent pair merges first, unknown pieces fall back to <0xXX> byte tokens.
+//! SentencePiece BPE as llama.cpp's llm_tokenizer_spm runs it: spaces become "▁", then the
+//! adjacent pair whose concatenation is the highest-scoring vocabulary entry merges first
+//! (leftmost on ties); characters left without a piece fall back to <0xXX> byte tokens.
 
-use super::token_type;
 use std::collections::{BinaryHeap, HashMap};
 
-pub struct Spm {
-    scores: Vec<f32>,
-    byte_tokens: [Option<u32>; 256],
-    unk: Option<u32>,
-}
+/// The SentencePiece word-boundary character.
+pub const SPACE: char = '\u{2581}';
 
 /// Bytes of a piece: "▁" is a space, "<0xAB>" is one byte.
 pub fn piece_to_bytes(p: &str) -> Vec<u8> {
-    if p.len() == 6 && p.starts_with("<0x") && p.ends_with('>') {
-        if let Ok(b) = u8::from_str_radix(&p[3..5], 16) {
-            return vec![b];
-        }
+    if let Some(b) = byte_piece_value(p) {
+        return vec![b];
     }
-    p.replace('\u{2581}', " ").into_bytes()
+    p.replace(SPACE, " ").into_bytes()
+}
+
+/// The byte a "<0xAB>" piece stands for.
+pub fn byte_piece_value(p: &str) -> Option<u8> {
+    let hex = p.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+pub struct Spm {
+    scores: Vec<f32>,
+    /// Token for each byte: "<0xXX>", else the byte as a one-character piece, else unknown.
+    byte_tokens: [Option<u32>; 256],
 }
 
 impl Spm {
-    pub fn new(tokens: &[String], scores: &[f32], types: &[i32]) -> Spm {
+    pub fn new(tokens: &[String], scores: &[f32], ids: &HashMap<String, u32>, unk: Option<u32>) -> Spm {
         let mut byte_tokens = [None; 256];
-        for b in 0..256usize {
-            let name = format!("<0x{b:02X}>");
-            byte_tokens[b] = tokens.iter().position(|t| *t == name).map(|i| i as u32);
+        for (b, slot) in byte_tokens.iter_mut().enumerate() {
+            let as_char = if b < 128 { ids.get(&(b as u8 as char).to_string()).copied() } else { None };
+            *slot = ids.get(&format!("<0x{b:02X}>")).copied().or(as_char).or(unk);
         }
         let scores = if scores.len() == tokens.len() { scores.to_vec() } else { vec![0.0; tokens.len()] };
-        let unk = types.iter().position(|&t| t == token_type::UNKNOWN).map(|i| i as u32);
-        Spm { scores, byte_tokens, unk }
+        Spm { scores, byte_tokens }
     }
 
+    /// Appends the ids of `text` (spaces not yet escaped); `space_prefix` adds the dummy "▁".
     pub fn encode(&self, text: &str, space_prefix: bool, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
         let mut s = String::with_capacity(text.len() + 3);
         if space_prefix {
-            s.push('\u{2581}');
+            s.push(SPACE);
         }
-        s.push_str(&text.replace(' ', "\u{2581}"));
-        // Symbols are byte ranges of s (one UTF-8 character each at first), in a linked list.
-        let mut syms: Vec<(usize, usize)> = s.char_indices().map(|(i, c)| (i, i + c.len_utf8())).collect();
-        let n = syms.len();
-        let mut prev: Vec<isize> = (0..n as isize).map(|i| i - 1).collect();
-        let mut next: Vec<isize> = (1..=n as isize).map(|i| if i as usize == n { -1 } else { i }).collect();
-        let mut alive = vec![true; n];
-        // Max-heap on (score, -left index) so ties merge leftmost first.
-        let mut heap = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<(OrdF32, isize, usize, usize)>, syms: &[(usize, usize)], l: usize, r: usize| {
-            let text = &s[syms[l].0..syms[r].1];
-            if let Some(&id) = ids.get(text) {
-                heap.push((OrdF32(self.scores[id as usize]), -(l as isize), l, text.len()));
+        s.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
+        // Symbol k covers s[start[k]..start[k]+len[k]]; merged-away symbols have len 0.
+        let start: Vec<usize> = s.char_indices().map(|(i, _)| i).collect();
+        let n = start.len();
+        let mut len: Vec<usize> = s.chars().map(char::len_utf8).collect();
+        let mut prev: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        let mut next: Vec<Option<usize>> = (0..n).map(|i| if i + 1 < n { Some(i + 1) } else { None }).collect();
+        // Max-heap on (score, earlier left first); entries remember the merged length.
+        let mut queue: BinaryHeap<(OrdF32, std::cmp::Reverse<usize>, usize, usize)> = BinaryHeap::new();
+        let push = |queue: &mut BinaryHeap<_>, len: &[usize], l: usize, r: usize| {
+            let size = len[l] + len[r];
+            if let Some(&id) = ids.get(&s[start[l]..start[l] + size]) {
+                queue.push((OrdF32(self.scores[id as usize]), std::cmp::Reverse(l), r, size));
             }
         };
-        for i in 0..n.saturating_sub(1) {
-            push(&mut heap, &syms, i, i + 1);
+        for i in 1..n {
+            push(&mut queue, &len, i - 1, i);
         }
-        while let Some((_, _, l, len)) = heap.pop() {
-            let r = next[l];
-            if !alive[l] || r < 0 {
+        while let Some((_, std::cmp::Reverse(l), r, size)) = queue.pop() {
+            if len[l] == 0 || len[r] == 0 || len[l] + len[r] != size {
                 continue;
             }
-            let r = r as usize;
-            // Stale entry: the pair changed since it was queued.
-            if syms[r].1 - syms[l].0 != len {
-                continue;
-            }
-            syms[l].1 = syms[r].1;
-            alive[r] = false;
+            len[l] = size;
+            len[r] = 0;
             next[l] = next[r];
-            if next[r] >= 0 {
-                prev[next[r] as usize] = l as isize;
+            if let Some(nr) = next[r] {
+                prev[nr] = Some(l);
             }
-            if prev[l] >= 0 {
-                push(&mut heap, &syms, prev[l] as usize, l);
+            if let Some(p) = prev[l] {
+                push(&mut queue, &len, p, l);
             }
-            if next[l] >= 0 {
-                push(&mut heap, &syms, l, next[l] as usize);
+            if let Some(nx) = next[l] {
+                push(&mut queue, &len, l, nx);
             }
         }
-        let mut i = if n > 0 { 0isize } else { -1 };
-        while i >= 0 {
-            let (a, b) = syms[i as usize];
-            let piece = &s[a..b];
+        let mut i = if n > 0 { Some(0) } else { None };
+        while let Some(k) = i {
+            let piece = &s[start[k]..start[k] + len[k]];
             match ids.get(piece) {
                 Some(&id) => out.push(id),
-                None => {
-                    for &byte in piece.as_bytes() {
-                        match self.byte_tokens[byte as usize].or(self.unk) {
-                            Some(id) => out.push(id),
-                            None => {}
-                        }
-                    }
-                }
+                // Merges only build vocabulary entries, so this is a single unknown character.
+                None => out.extend(piece.bytes().filter_map(|b| self.byte_tokens[b as usize])),
             }
-            i = next[i as usize];
+            i = next[k];
         }
     }
 }

@@ -1,0 +1,122 @@
+//! llama.cpp's tokenizer test vectors: real vocabularies (models/ggml-vocab-*.gguf) with
+//! inputs (.inp, cases separated by "\n__ggml_vocab_test__\n") and the token ids llama.cpp
+//! produces (.out, one line of space-separated ids per case). Like llama.cpp's
+//! tests/test-tokenizer-0.cpp, cases are tokenized with add_special=false, parse_special=false.
+//!
+//! The files come from scripts/fetch-vocab-tests.sh (directory: $CIVETTA_VOCAB_DIR or
+//! build/vocab-tests). Without them these tests fail unless CIVETTA_SKIP_VOCAB_TESTS=1.
+
+use civetta::gguf::GgufFile;
+use civetta::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+fn vocab_dir() -> PathBuf {
+    match std::env::var_os("CIVETTA_VOCAB_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("build/vocab-tests"),
+    }
+}
+
+struct Case {
+    text: String,
+    expected: Vec<u32>,
+}
+
+fn read_cases(name: &str) -> Option<(Tokenizer, Vec<Case>)> {
+    let dir = vocab_dir();
+    let gguf = dir.join(format!("ggml-vocab-{name}.gguf"));
+    if !gguf.exists() {
+        if std::env::var("CIVETTA_SKIP_VOCAB_TESTS").as_deref() == Ok("1") {
+            eprintln!("skipping {name}: CIVETTA_SKIP_VOCAB_TESTS=1");
+            return None;
+        }
+        panic!("{} is missing: run scripts/fetch-vocab-tests.sh (or set CIVETTA_SKIP_VOCAB_TESTS=1)", gguf.display());
+    }
+    let file = GgufFile::open(&gguf).unwrap_or_else(|e| panic!("{}: {e}", gguf.display()));
+    let tk = Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e:#}", gguf.display()));
+    let inp = std::fs::read_to_string(gguf.with_extension("gguf.inp")).expect("reading .inp");
+    let out = std::fs::read_to_string(gguf.with_extension("gguf.out")).expect("reading .out");
+    // Same splitting as test-tokenizer-0.cpp: the text after the last separator is a case
+    // only when it is not empty.
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut inputs: Vec<&str> = Vec::new();
+    let mut rest = inp.as_str();
+    while !rest.is_empty() {
+        match rest.find(sep) {
+            Some(i) => {
+                inputs.push(&rest[..i]);
+                rest = &rest[i + sep.len()..];
+            }
+            None => {
+                inputs.push(rest);
+                rest = "";
+            }
+        }
+    }
+    let outputs: Vec<Vec<u32>> =
+        out.lines().map(|l| l.split_whitespace().map(|t| t.parse().expect("token id in .out")).collect()).collect();
+    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree on the number of cases");
+    assert!(inputs.len() > 10, "{name}: only {} cases", inputs.len());
+    let cases = inputs.into_iter().zip(outputs).map(|(t, e)| Case { text: t.to_string(), expected: e }).collect();
+    Some((tk, cases))
+}
+
+fn check_vocab(name: &str) {
+    let Some((tk, cases)) = read_cases(name) else { return };
+    let mut failures = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let got = tk.encode(&c.text, false, false);
+        if got != c.expected {
+            failures.push(format!(
+                "  case {i} {:?}\n    expected {:?}\n    got      {:?}\n    pieces   {:?}",
+                c.text,
+                c.expected,
+                got,
+                got.iter().map(|&t| tk.piece(t)).collect::<Vec<_>>()
+            ));
+        }
+        // Byte-level BPE and SentencePiece with byte fallback lose nothing.
+        assert_eq!(tk.decode(&got), c.text, "{name} case {i}: decode(encode(s)) != s");
+    }
+    eprintln!("{name}: {}/{} cases match llama.cpp", cases.len() - failures.len(), cases.len());
+    assert!(failures.is_empty(), "{name}: {} of {} cases differ from llama.cpp:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+macro_rules! vocab_tests {
+    ($($test:ident => $name:literal),* $(,)?) => {
+        $(#[test] fn $test() { check_vocab($name); })*
+    };
+}
+
+vocab_tests! {
+    qwen2 => "qwen2",
+    qwen35 => "qwen35",
+    llama_bpe => "llama-bpe",
+    gpt_2 => "gpt-2",
+    llama_spm => "llama-spm",
+    phi_3 => "phi-3",
+    command_r => "command-r",
+    deepseek_coder => "deepseek-coder",
+    deepseek_llm => "deepseek-llm",
+    falcon => "falcon",
+    mpt => "mpt",
+    refact => "refact",
+    starcoder => "starcoder",
+}
+
+/// Vocabularies of tokenizer models civetta does not implement are refused with a clear error.
+#[test]
+fn unsupported_models_are_refused() {
+    for name in ["bert-bge", "gemma-4"] {
+        let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
+        if !path.exists() {
+            if std::env::var("CIVETTA_SKIP_VOCAB_TESTS").as_deref() == Ok("1") {
+                return;
+            }
+            panic!("{} is missing: run scripts/fetch-vocab-tests.sh (or set CIVETTA_SKIP_VOCAB_TESTS=1)", path.display());
+        }
+        let file = GgufFile::open(&path).unwrap();
+        let err = Tokenizer::from_gguf(&file).err().expect("unsupported model accepted");
+        assert!(err.to_string().contains("unsupported tokenizer model"), "{name}: {err}");
+    }
+}
