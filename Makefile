@@ -32,7 +32,7 @@ chat: ## Stream a chat completion from the running daemon over gRPC
 	target/release/examples/stream_client --addr http://$(GRPC_ADDR) --chat "Write one sentence about owls."
 
 test: ## Run the test suite (what CI runs)
-	$(CARGO) test --all-targets -- --test-threads=2
+	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=2
 
 clean:
 	$(CARGO) clean

@@ -29,8 +29,21 @@ struct Args {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
-    let a = Args::parse();
+async fn main() -> std::process::ExitCode {
+    match stream(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the gRPC code and message, or the connection error.
+            match e.downcast_ref::<tonic::Status>() {
+                Some(s) => eprintln!("stream_client: {:?}: {}", s.code(), s.message()),
+                None => eprintln!("stream_client: {}", e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ")),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn stream(a: Args) -> anyhow::Result<()> {
     let mut client = InferenceClient::connect(a.addr.clone()).await?;
     let mut req = GenerateRequest {
         prompt: a.prompt.clone().unwrap_or_default(),

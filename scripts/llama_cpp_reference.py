@@ -89,8 +89,10 @@ def llama_tokenize(bin_dir, model, text, parse_special):
         f.write(text.encode("utf-8"))
         path = f.name
     try:
-        cmd = [os.path.join(bin_dir, "llama-tokenize"), "-m", model, "-f", path, "--ids", "--log-disable",
-               "--parse-special" if parse_special else "--no-parse-special"]
+        # llama-tokenize parses special tokens by default and only accepts --no-parse-special.
+        cmd = [os.path.join(bin_dir, "llama-tokenize"), "-m", model, "-f", path, "--ids", "--log-disable"]
+        if not parse_special:
+            cmd.append("--no-parse-special")
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)

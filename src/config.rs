@@ -202,6 +202,7 @@ fn parse_addr(name: &str, addr: &str) -> anyhow::Result<SocketAddr> {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
     use super::*;
     use serde_json::json;

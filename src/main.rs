@@ -47,6 +47,7 @@ enum ModelCmd {
 }
 
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "chat", "prompt_tokens"])))]
 struct GenerateArgs {
     #[arg(short, long, default_value = "models/default.gguf")]
@@ -129,11 +130,27 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             // User errors get one clear line, no backtrace.
-            eprintln!("civetta: error: {e:#}");
+            eprintln!("civetta: error: {}", error_line(&e));
             2
         }
     };
     std::process::exit(code);
+}
+
+/// The error and its causes on one line, leaving out causes whose text an outer message
+/// already repeats (many errors embed their source's text).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line += ": ";
+            }
+            line += &text;
+        }
+    }
+    line.replace('\n', " ")
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {

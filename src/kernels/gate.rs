@@ -30,9 +30,17 @@ pub struct AllowEntry {
 impl AllowEntry {
     fn matches(&self, compiler: &str, row: &ReportRow) -> bool {
         self.kernel == row.kernel.name
-            && self.object.as_deref().map_or(true, |o| o == row.object)
-            && self.compiler.as_deref().map_or(true, |c| compiler.starts_with(c))
-            && self.arch.as_deref().map_or(true, |a| a == row.kernel.arch)
+            && optional_match(&self.object, |o| o == row.object)
+            && optional_match(&self.compiler, |c| compiler.starts_with(c))
+            && optional_match(&self.arch, |a| a == row.kernel.arch)
+    }
+}
+
+/// An absent filter matches everything.
+fn optional_match(filter: &Option<String>, matches: impl Fn(&str) -> bool) -> bool {
+    match filter {
+        None => true,
+        Some(value) => matches(value),
     }
 }
 

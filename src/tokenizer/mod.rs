@@ -79,6 +79,19 @@ pub struct Tokenizer {
     chat_template: Option<String>,
 }
 
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.tokens.len())
+            .field("pre", &self.pre)
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Names that end generation when they are control tokens (as llama.cpp's EOG list).
 const EOG_NAMES: &[&str] = &[
     "<|im_end|>",

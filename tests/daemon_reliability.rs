@@ -1,0 +1,180 @@
+//! The daemon under pressure: backpressure, cancellation, deadlines, auth, graceful
+//! shutdown — against the real `civetta serve` over loopback.
+
+mod common;
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use civetta::proto::{generate_response::Event, FinishReason, GenerateRequest};
+use common::*;
+use daemon::*;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+/// A generation long enough (thousands of decode steps) to still be running while the
+/// test does something else.
+fn long(prompt: &str) -> GenerateRequest {
+    greedy(prompt, 1900)
+}
+
+/// Opens a Generate stream and waits for its first token (the sequence is then active).
+async fn started(client: &mut civetta::proto::inference_client::InferenceClient<tonic::transport::Channel>, req: GenerateRequest) -> tonic::Streaming<civetta::proto::GenerateResponse> {
+    let mut s = client.generate(req).await.unwrap().into_inner();
+    let first = s.message().await.unwrap().expect("a first message");
+    assert!(matches!(first.event, Some(Event::Token(_))), "{first:?}");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_is_resource_exhausted_with_a_retry_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &["--max-active", "1", "--max-queue", "1", "--context", "2048"]);
+    let mut client = d.client().await;
+    let active = started(&mut client, long("one")).await;
+    // The second waits in the queue (its response headers come back at once), the third is refused.
+    let queued = client.generate(long("two")).await.unwrap().into_inner();
+    d.wait_metrics("one queued", |m| m.sum("civetta_queue_depth", &[]) == 1.0 && m.sum("civetta_active_sequences", &[]) == 1.0);
+    let err = client.generate(long("three")).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("retry after"), "{err:?}");
+    let hint: u64 = err.metadata().get("retry-after-ms").expect("retry-after-ms metadata").to_str().unwrap().parse().unwrap();
+    assert!(hint > 0);
+    let m = d.samples();
+    assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "queue_full")]), 1.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "RESOURCE_EXHAUSTED")]), 1.0);
+    // Cancelling frees the slot and the queue; new work is accepted again.
+    drop(active);
+    drop(queued);
+    d.wait_metrics("all released", |m| m.sum("civetta_active_sequences", &[]) == 0.0 && m.sum("civetta_queue_depth", &[]) == 0.0);
+    assert_eq!(generate(&mut client, greedy("four", 3)).await.unwrap().ids.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_streams_free_their_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &["--max-active", "3", "--max-queue", "16", "--context", "2048"]);
+    let mut client = d.client().await;
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        streams.push(started(&mut client, long(&format!("prompt {i}"))).await);
+    }
+    for i in 3..8 {
+        streams.push(client.generate(long(&format!("prompt {i}"))).await.unwrap().into_inner());
+    }
+    let busy = d.wait_metrics("3 active, 5 queued", |m| m.sum("civetta_active_sequences", &[]) == 3.0 && m.sum("civetta_queue_depth", &[]) == 5.0);
+    assert!(busy.sum("civetta_kv_cache_bytes", &[]) > 0.0);
+    assert_eq!(busy.sum("civetta_requests_in_flight", &[]), 8.0);
+    let t0 = Instant::now();
+    drop(streams);
+    let m = d.wait_metrics("everything released", |m| {
+        m.sum("civetta_active_sequences", &[]) == 0.0
+            && m.sum("civetta_queue_depth", &[]) == 0.0
+            && m.sum("civetta_requests_in_flight", &[]) == 0.0
+            && m.sum("civetta_kv_cache_bytes", &[]) == 0.0
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "cancellation took {:?}", t0.elapsed());
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "CANCELLED")]), 8.0);
+    assert!(m.sum("civetta_generated_tokens_total", &[]) < 8.0 * 1900.0, "cancelled streams stopped early");
+    assert_eq!(generate(&mut client, greedy("after", 3)).await.unwrap().ids.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_stops_the_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &["--context", "2048"]);
+    let mut client = d.client().await;
+    let mut req = tonic::Request::new(long("slow"));
+    req.set_timeout(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let err = generate(&mut client, req).await.unwrap_err();
+    assert!(matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let m = d.wait_metrics("deadline counted and sequence released", |m| {
+        m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "DEADLINE_EXCEEDED")]) + m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "CANCELLED")]) == 1.0
+            && m.sum("civetta_active_sequences", &[]) == 0.0
+    });
+    assert!(m.sum("civetta_generated_tokens_total", &[]) < 1900.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_is_required_except_for_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let d = Daemon::start(&model, &["--auth-token-file", token_file.to_str().unwrap()]);
+    let mut client = d.client().await;
+    let with = |auth: Option<&str>| {
+        let mut r = tonic::Request::new(greedy("hi", 2));
+        if let Some(a) = auth {
+            r.metadata_mut().insert("authorization", a.parse().unwrap());
+        }
+        r
+    };
+    for bad in [None, Some("Bearer wrong"), Some("s3cret-token"), Some("Bearer s3cret-toke")] {
+        let err = generate(&mut client, with(bad)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{bad:?}");
+    }
+    let err = client.get_model_info(civetta::proto::GetModelInfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert_eq!(generate(&mut client, with(Some("Bearer s3cret-token"))).await.unwrap().ids.len(), 2);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(d.channel().await);
+    let r = health.check(tonic_health::pb::HealthCheckRequest { service: "civetta.v1.Inference".into() }).await.unwrap().into_inner();
+    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_streams_finish_then_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let mut d = Daemon::start(&model, &["--shutdown-grace", "60"]);
+    let mut client = d.client().await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(d.channel().await);
+    use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
+    let mut watch = health.watch(HealthCheckRequest { service: "civetta.v1.Inference".into() }).await.unwrap().into_inner();
+    assert_eq!(watch.message().await.unwrap().unwrap().status, ServingStatus::Serving as i32);
+
+    let mut stream = started(&mut client, greedy("finish me", 300)).await;
+    d.sigterm();
+    // Health turns NOT_SERVING first...
+    assert_eq!(watch.message().await.unwrap().unwrap().status, ServingStatus::NotServing as i32);
+    drop(watch);
+    // ...the running stream still completes normally...
+    let (mut tokens, mut done) = (1, None);
+    while let Some(m) = stream.message().await.unwrap() {
+        match m.event.unwrap() {
+            Event::Token(_) => tokens += 1,
+            Event::Done(x) => done = Some(x),
+        }
+    }
+    assert_eq!(tokens, 300);
+    assert_eq!(done.unwrap().finish_reason, FinishReason::Length as i32);
+    // ...and the daemon exits 0 well before the grace period is over.
+    let status = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running after SIGTERM; stderr:\n{}", d.stderr()));
+    assert!(status.success(), "{status:?}\n{}", d.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_streams_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let mut d = Daemon::start(&model, &["--shutdown-grace", "0.5", "--context", "2048"]);
+    let mut client = d.client().await;
+    let mut stream = started(&mut client, long("never finishes in time")).await;
+    let t0 = Instant::now();
+    d.sigterm();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(m)) => assert!(matches!(m.event, Some(Event::Token(_))), "no done expected: {m:?}"),
+            Ok(None) => panic!("stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let status = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running; stderr:\n{}", d.stderr()));
+    assert!(status.success(), "{status:?}\n{}", d.stderr());
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+}
