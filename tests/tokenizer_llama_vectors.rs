@@ -116,7 +116,7 @@ fn unsupported_models_are_refused() {
             panic!("{} is missing: run scripts/fetch-vocab-tests.sh (or set CIVETTA_SKIP_VOCAB_TESTS=1)", path.display());
         }
         let file = GgufFile::open(&path).unwrap();
-        let err = Tokenizer::from_gguf(&file).err().expect("unsupported model accepted");
+        let err = Tokenizer::from_gguf(&file).expect_err("unsupported model accepted");
         assert!(err.to_string().contains("unsupported tokenizer model"), "{name}: {err}");
     }
 }

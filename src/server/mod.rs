@@ -183,7 +183,11 @@ pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: 
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(inference)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), shutdown);
+        .serve_with_incoming_shutdown(
+            // TCP_NODELAY: token messages are small and must not wait for delayed ACKs (Nagle).
+            tonic::transport::server::TcpIncoming::from_listener(grpc_listener, true, None).map_err(|e| anyhow::anyhow!("gRPC listener: {e}"))?,
+            shutdown,
+        );
     // Streams the engine does not own (a health Watch, say) would hold a graceful shutdown
     // open forever; they are closed a little after the grace period.
     let mut stopping = stop_rx;

@@ -47,6 +47,9 @@ pub fn token_to_bytes(t: &str) -> Vec<u8> {
     out
 }
 
+/// (rank, left position, right position, left symbol, right symbol) of a candidate merge.
+type QueuedPair = (u32, usize, usize, u32, u32);
+
 /// Entries kept in the per-word cache before it is cleared.
 const CACHE_LIMIT: usize = 65_536;
 
@@ -153,7 +156,7 @@ impl Bpe {
         let mut prev: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
         let mut next: Vec<Option<usize>> = (0..n).map(|i| if i + 1 < n { Some(i + 1) } else { None }).collect();
         // Min-heap on (rank, left position); entries remember the symbols they were made for.
-        let mut queue: BinaryHeap<Reverse<(u32, usize, usize, u32, u32)>> = BinaryHeap::new();
+        let mut queue: BinaryHeap<Reverse<QueuedPair>> = BinaryHeap::new();
         let push = |queue: &mut BinaryHeap<_>, sym: &[u32], l: usize, r: usize| {
             if let Some(&(rank, _)) = self.merges.get(&(sym[l], sym[r])) {
                 queue.push(Reverse((rank, l, r, sym[l], sym[r])));

@@ -95,9 +95,20 @@ impl Spm {
     }
 }
 
-#[derive(PartialEq, PartialOrd, Clone, Copy)]
+/// A score with a total order, for the heap.
+#[derive(Clone, Copy)]
 struct OrdF32(f32);
+impl PartialEq for OrdF32 {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
 impl Eq for OrdF32 {}
+impl PartialOrd for OrdF32 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
 impl Ord for OrdF32 {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&o.0)

@@ -427,7 +427,7 @@ fn spm_merges_by_score_and_falls_back_to_bytes() {
     let pieces = |ids: &[u32]| ids.iter().map(|&i| tk.piece(i).to_string()).collect::<Vec<_>>();
     let ids = tk.encode("hello", true, false);
     assert_eq!(pieces(&ids), ["<s>", "\u{2581}hello"]);
-    // "hell" (-1.0) beats "he" then "ll" ... but the best pair first: "ll" (-1.4) > "he" (-1.5).
+    // Best-scoring pair first: "ll" (-1.4), then "he" (-1.5), then "he"+"ll" = "hell".
     assert_eq!(pieces(&tk.encode("hell", false, false)), ["\u{2581}", "hell"]);
     // 'z' has no piece: byte fallback.
     assert_eq!(pieces(&tk.encode("hez", false, false)), ["\u{2581}", "he", "<0x7A>"]);

@@ -83,7 +83,8 @@ impl Daemon {
 
     /// Sends SIGTERM to the daemon (this child only, by pid).
     pub fn sigterm(&self) {
-        let ok = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
+        // The shell's builtin kill: no dependency on a kill binary being installed.
+        let ok = std::process::Command::new("sh").args(["-c", &format!("kill -TERM {}", self.child.id())]).status().unwrap().success();
         assert!(ok, "kill -TERM failed");
     }
 
