@@ -22,25 +22,12 @@ const TYPES: [GgmlType; 9] = [
 ];
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let (rows, cols) = (
-        args.first().copied().unwrap_or(4096),
-        args.get(1).copied().unwrap_or(4096),
-    );
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (rows, cols) = (args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(4096));
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let x: Vec<f32> = (0..cols).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
-    println!(
-        "matrix {rows} x {cols}, vec_dot level in use: {}, threads: {}",
-        quant::simd_level(),
-        rayon::current_num_threads()
-    );
-    println!(
-        "{:<6} {:<11} {:>10} {:>12} {:>12}",
-        "type", "level", "MiB", "1 thread", "all threads"
-    );
+    println!("matrix {rows} x {cols}, vec_dot level in use: {}, threads: {}", quant::simd_level(), rayon::current_num_threads());
+    println!("{:<6} {:<11} {:>10} {:>12} {:>12}", "type", "level", "MiB", "1 thread", "all threads");
     for t in TYPES {
         let row_bytes = t.row_bytes(cols).expect("cols must be a multiple of 256");
         // 64 distinct quantised rows repeated: realistic memory traffic, quick to build.
@@ -52,9 +39,7 @@ fn main() {
                 q
             })
             .collect();
-        let matrix: Vec<u8> = (0..rows)
-            .flat_map(|i| distinct[i % 64].iter().copied())
-            .collect();
+        let matrix: Vec<u8> = (0..rows).flat_map(|i| distinct[i % 64].iter().copied()).collect();
         let fmt = quant::act_format(t);
         let mut act = vec![0u8; quant::act_row_bytes(fmt, cols)];
         quant::quantize_act_row(fmt, &x, &mut act);

@@ -103,7 +103,9 @@ pub fn figment(config_file: Option<&Path>, overrides: &[(&str, serde_json::Value
         None => f.merge(Toml::file(LOCAL_CONFIG)),
     };
     let env = Env::prefixed("CIVETTA_")
-        .filter(|k| SECTIONS.iter().any(|s| k.as_str().len() > s.len() + 2 && k.as_str()[..s.len() + 2].eq_ignore_ascii_case(&format!("{s}__"))))
+        .filter(|k| {
+            SECTIONS.iter().any(|s| k.as_str().len() > s.len() + 2 && k.as_str()[..s.len() + 2].eq_ignore_ascii_case(&format!("{s}__")))
+        })
         .split("__");
     f = f.merge(env);
     for (k, v) in overrides {
@@ -182,7 +184,8 @@ impl Config {
         if !["human", "json"].contains(&self.log.format.as_str()) {
             bail!("log.format must be \"human\" or \"json\", got {:?}", self.log.format);
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log.filter).map_err(|e| anyhow::anyhow!("log.filter {:?} is not a valid filter: {e}", self.log.filter))?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+            .map_err(|e| anyhow::anyhow!("log.filter {:?} is not a valid filter: {e}", self.log.filter))?;
         let e = &self.engine;
         if e.max_active_sequences == 0 {
             bail!("engine.max_active_sequences must be at least 1");

@@ -106,11 +106,8 @@ pub struct KernelRegistry {
     entries: RwLock<HashMap<KernelKey, Arc<Entry>>>,
 }
 
-static REGISTRY: Lazy<KernelRegistry> = Lazy::new(|| KernelRegistry {
-    enabled: AtomicBool::new(true),
-    sample_every: AtomicU64::new(1),
-    entries: RwLock::new(HashMap::new()),
-});
+static REGISTRY: Lazy<KernelRegistry> =
+    Lazy::new(|| KernelRegistry { enabled: AtomicBool::new(true), sample_every: AtomicU64::new(1), entries: RwLock::new(HashMap::new()) });
 
 pub fn registry() -> &'static KernelRegistry {
     &REGISTRY
@@ -149,8 +146,7 @@ impl KernelRegistry {
         {
             let map = self.entries.read();
             if let Some(e) = map.iter().find_map(|(k, e)| {
-                (k.kernel == kernel && k.shape_class == shape && k.backend == backend && k.variant == variant)
-                    .then_some(e)
+                (k.kernel == kernel && k.shape_class == shape && k.backend == backend && k.variant == variant).then_some(e)
             }) {
                 return e.clone();
             }
@@ -291,11 +287,7 @@ mod tests {
 
     #[test]
     fn sampling_times_every_nth_call_but_counts_all() {
-        let r = KernelRegistry {
-            enabled: AtomicBool::new(true),
-            sample_every: AtomicU64::new(4),
-            entries: RwLock::new(HashMap::new()),
-        };
+        let r = KernelRegistry { enabled: AtomicBool::new(true), sample_every: AtomicU64::new(4), entries: RwLock::new(HashMap::new()) };
         for _ in 0..10 {
             let e = r.entry("k", "m1", "test", "v");
             let n = e.calls.fetch_add(1, Ordering::Relaxed);

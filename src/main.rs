@@ -1,8 +1,8 @@
 //! The `civetta` command line.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
 use civetta::engine::{ChatMessage, Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams};
+use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 

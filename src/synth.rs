@@ -154,13 +154,28 @@ impl SynthSpec {
     pub fn validate(&self) -> anyhow::Result<()> {
         ensure!(ARCHES.contains(&self.arch.as_str()), "unknown architecture \"{}\"", self.arch);
         ensure!(crate::quant::supports(self.quant), "weight type {} is not supported", self.quant);
-        for (what, n) in [("layers", self.layers), ("dim", self.dim), ("ffn", self.ffn), ("heads", self.heads), ("kv heads", self.kv_heads), ("head size", self.head_dim), ("context", self.context)] {
+        for (what, n) in [
+            ("layers", self.layers),
+            ("dim", self.dim),
+            ("ffn", self.ffn),
+            ("heads", self.heads),
+            ("kv heads", self.kv_heads),
+            ("head size", self.head_dim),
+            ("context", self.context),
+        ] {
             ensure!(n > 0, "{what} must be at least 1");
         }
         ensure!(self.heads % self.kv_heads == 0, "heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads);
         ensure!(self.head_dim % 2 == 0, "the head size ({}) must be even for RoPE", self.head_dim);
         if self.arch != "qwen3" {
-            ensure!(self.heads * self.head_dim == self.dim, "{}: heads x head size ({} x {}) must equal dim ({})", self.arch, self.heads, self.head_dim, self.dim);
+            ensure!(
+                self.heads * self.head_dim == self.dim,
+                "{}: heads x head size ({} x {}) must equal dim ({})",
+                self.arch,
+                self.heads,
+                self.head_dim,
+                self.dim
+            );
         }
         let block = self.quant.block_size();
         for (what, n) in [("dim", self.dim), ("ffn", self.ffn), ("heads x head size", self.heads * self.head_dim)] {
@@ -320,7 +335,9 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
     let q = spec.quant;
     let seed = spec.seed;
     let f32_tensor = |w: &mut GgufWriter, name: &str, v: Vec<f32>| w.add_tensor(name, &[v.len() as u64], GgmlType::F32, f32_bytes(&v));
-    let norm = |w: &mut GgufWriter, name: &str, n: usize| f32_tensor(w, name, gaussian(tensor_seed(seed, name), n).into_iter().map(|x| 1.0 + 0.1 * x).collect());
+    let norm = |w: &mut GgufWriter, name: &str, n: usize| {
+        f32_tensor(w, name, gaussian(tensor_seed(seed, name), n).into_iter().map(|x| 1.0 + 0.1 * x).collect())
+    };
     // `rows` output features of `cols` inputs each, ggml dims [cols, rows].
     let matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, gain: f32| {
         let std = gain / (cols as f32).sqrt();

@@ -76,7 +76,12 @@ fn real_bench_json_round_trips_and_compares_bit_exact() {
     assert_eq!(code, 3, "{text}");
     assert!(text.contains("NOT COMPARABLE") && text.contains("different model files"), "{text}");
     for fmt in ["md", "csv", "jsonl"] {
-        let out = civetta().args(["bench", "-m"]).arg(&model).args(["-p", "8", "-n", "4", "-r", "1", "--warmup", "0", "--hash-tokens", "0", "--quiet", "-o", fmt]).output().unwrap();
+        let out = civetta()
+            .args(["bench", "-m"])
+            .arg(&model)
+            .args(["-p", "8", "-n", "4", "-r", "1", "--warmup", "0", "--hash-tokens", "0", "--quiet", "-o", fmt])
+            .output()
+            .unwrap();
         let s = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && s.contains("pp8") && s.contains("tg4"), "{fmt}: {s}");
     }

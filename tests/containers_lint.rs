@@ -223,9 +223,22 @@ fn image_ref_pinned(reference: &str) -> bool {
 /// Source references that name a moving branch instead of a pinned version.
 fn unpinned_refs(text: &str) -> Vec<String> {
     let patterns = [
-        "--branch main", "--branch master", "-b main", "-b master", "@main", "@master",
-        "/tree/main", "/tree/master", "/archive/main", "/archive/master", "refs/heads/",
-        "/raw/main/", "/raw/master/", ":latest", "nightly-latest", "/latest/",
+        "--branch main",
+        "--branch master",
+        "-b main",
+        "-b master",
+        "@main",
+        "@master",
+        "/tree/main",
+        "/tree/master",
+        "/archive/main",
+        "/archive/master",
+        "refs/heads/",
+        "/raw/main/",
+        "/raw/master/",
+        ":latest",
+        "nightly-latest",
+        "/latest/",
     ];
     let mut found: Vec<String> = patterns.iter().filter(|p| text.contains(*p)).map(|p| p.to_string()).collect();
     for line in text.lines().filter(|l| l.contains("git clone")) {
@@ -359,9 +372,7 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
     } else {
         match final_user.as_deref() {
             None => errors.push("no USER: the runtime image would run as root".into()),
-            Some(u) if u == "root" || u == "0" || u.starts_with("0:") || u.starts_with("root:") => {
-                errors.push(format!("USER {u} is root"))
-            }
+            Some(u) if u == "root" || u == "0" || u.starts_with("0:") || u.starts_with("root:") => errors.push(format!("USER {u} is root")),
             Some(_) => {}
         }
         match last.all("HEALTHCHECK").last() {
@@ -376,7 +387,8 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
                 }
             }
         }
-        let exposed: Vec<String> = last.all("EXPOSE").flat_map(|i| i.args.split_whitespace().map(str::to_string).collect::<Vec<_>>()).collect();
+        let exposed: Vec<String> =
+            last.all("EXPOSE").flat_map(|i| i.args.split_whitespace().map(str::to_string).collect::<Vec<_>>()).collect();
         for port in [want.defaults.grpc_port, want.defaults.metrics_port] {
             if !exposed.contains(&port.to_string()) {
                 errors.push(format!("port {port} not in EXPOSE"));
@@ -412,14 +424,10 @@ fn expected_files(images: &[MatrixImage]) -> Vec<(MatrixImage, bool)> {
 #[test]
 fn matrix_has_the_required_images() {
     let (_, images) = load_matrix();
-    let clang_majors: Vec<(String, String)> = images
-        .iter()
-        .filter(|i| i.kind == "rocm")
-        .map(|i| (i.rocm.clone(), i.clang.split('.').next().unwrap_or("").to_string()))
-        .collect();
-    let has = |rocm_prefix: &str, majors: &[&str]| {
-        clang_majors.iter().any(|(r, m)| r.starts_with(rocm_prefix) && majors.contains(&m.as_str()))
-    };
+    let clang_majors: Vec<(String, String)> =
+        images.iter().filter(|i| i.kind == "rocm").map(|i| (i.rocm.clone(), i.clang.split('.').next().unwrap_or("").to_string())).collect();
+    let has =
+        |rocm_prefix: &str, majors: &[&str]| clang_majors.iter().any(|(r, m)| r.starts_with(rocm_prefix) && majors.contains(&m.as_str()));
     assert!(has("6.4.", &["19"]), "need ROCm 6.4.x with clang 19: {clang_majors:?}");
     assert!(has("7.", &["20", "22"]), "need ROCm 7.x with clang 20 or 22: {clang_majors:?}");
     assert!(clang_majors.iter().any(|(_, m)| m == "23"), "need a nightly image with clang 23: {clang_majors:?}");
@@ -530,12 +538,18 @@ fn lint_catches_unpinned_sources() {
     assert_caught(&lint_mutated(&base_arg, "ARG BASE_IMAGE=docker.io/library/ubuntu:latest"), "not pinned");
     assert_caught(&lint_mutated(&base_arg, "ARG BASE_IMAGE=docker.io/library/ubuntu"), "not pinned");
     assert_caught(&lint_mutated("WORKDIR /src", "RUN git clone --branch main https://example.invalid/x.git\nWORKDIR /src"), "unpinned");
-    assert_caught(&lint_mutated("ARG CIVETTA_REVISION\nARG CIVETTA_VERSION", "ARG CIVETTA_REVISION=main\nARG CIVETTA_VERSION"), "must be required");
+    assert_caught(
+        &lint_mutated("ARG CIVETTA_REVISION\nARG CIVETTA_VERSION", "ARG CIVETTA_REVISION=main\nARG CIVETTA_VERSION"),
+        "must be required",
+    );
 }
 
 #[test]
 fn lint_catches_missing_labels_probe_and_image_json() {
-    assert_caught(&lint_mutated("org.opencontainers.image.revision=\"${CIVETTA_REVISION}\"", "org.opencontainers.image.revision=\"HEAD\""), "org.opencontainers.image.revision");
+    assert_caught(
+        &lint_mutated("org.opencontainers.image.revision=\"${CIVETTA_REVISION}\"", "org.opencontainers.image.revision=\"HEAD\""),
+        "org.opencontainers.image.revision",
+    );
     assert_caught(&lint_mutated("HEALTHCHECK", "# HEALTHCHECK"), "HEALTHCHECK");
     assert_caught(&lint_mutated("> /usr/local/bin/civetta-healthcheck", "> /tmp/probe"), "no RUN of the final stage writes");
     assert_caught(&lint_mutated("> /etc/civetta/image.json", "> /tmp/x.json"), "image.json");

@@ -6,7 +6,8 @@ mod common;
 mod daemon;
 
 use civetta::proto::{
-    ChatMessage, FinishReason, GenerateRequest, GetEnvironmentRequest, GetKernelStatsRequest, GetModelInfoRequest, SamplingParams, TokenizeRequest,
+    ChatMessage, FinishReason, GenerateRequest, GetEnvironmentRequest, GetKernelStatsRequest, GetModelInfoRequest, SamplingParams,
+    TokenizeRequest,
 };
 use common::*;
 use daemon::*;
@@ -33,7 +34,18 @@ async fn daemon_streams_what_the_cli_generates_and_exports_metrics() {
     assert_eq!(usage.completion_tokens, 24);
     let timings = streamed.done.timings.unwrap();
     assert!(timings.total_seconds >= timings.time_to_first_token_seconds && timings.time_to_first_token_seconds > 0.0, "{timings:?}");
-    let cli = run_json(civetta().args(["generate", "-m"]).arg(&model).args(["--prompt", PROMPT, "-n", "24", "--seed", "7", "--ignore-eos", "--add-bos", "true", "--json"]));
+    let cli = run_json(civetta().args(["generate", "-m"]).arg(&model).args([
+        "--prompt",
+        PROMPT,
+        "-n",
+        "24",
+        "--seed",
+        "7",
+        "--ignore-eos",
+        "--add-bos",
+        "true",
+        "--json",
+    ]));
     let cli_ids: Vec<u32> = cli["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(streamed.ids, cli_ids, "daemon and CLI disagree");
     assert_eq!(streamed.text, cli["text"].as_str().unwrap());
@@ -95,7 +107,8 @@ async fn daemon_streams_what_the_cli_generates_and_exports_metrics() {
     assert!(serde_json::from_str::<serde_json::Value>(&env.json).unwrap().is_object());
 
     // Metrics: counters moved by exactly what was sent.
-    let m = d.wait_metrics("every Generate counted", |m| m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]) == streams);
+    let m =
+        d.wait_metrics("every Generate counted", |m| m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]) == streams);
     assert_eq!(m.sum("civetta_generated_tokens_total", &[]), generated_total);
     assert_eq!(m.sum("civetta_prompt_tokens_total", &[]), prompt_total);
     assert_eq!(m.sum("civetta_time_to_first_token_seconds_count", &[]), streams);
@@ -124,7 +137,12 @@ async fn daemon_streams_what_the_cli_generates_and_exports_metrics() {
     assert_eq!(m.label_values("civetta_kernel_duration_seconds_count", "kernel"), from_rpc);
     assert_eq!(m.label_values("civetta_kernel_calls_total", "kernel"), from_rpc);
     for k in &stats.kernels {
-        let key = [("kernel", k.kernel.as_str()), ("shape_class", k.shape_class.as_str()), ("backend", k.backend.as_str()), ("variant", k.variant.as_str())];
+        let key = [
+            ("kernel", k.kernel.as_str()),
+            ("shape_class", k.shape_class.as_str()),
+            ("backend", k.backend.as_str()),
+            ("variant", k.variant.as_str()),
+        ];
         assert!(k.calls > 0 && k.timed_calls > 0 && k.mean_seconds > 0.0, "{k:?}");
         assert_eq!(m.sum("civetta_kernel_calls_total", &key), k.calls as f64, "{key:?}");
         assert_eq!(m.sum("civetta_kernel_duration_seconds_count", &key), k.timed_calls as f64, "{key:?}");
@@ -202,32 +220,41 @@ async fn health_and_reflection_work() {
 
     {
         use tonic_reflection::pb::v1::{
-            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-            ServerReflectionRequest,
+            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+            server_reflection_response::MessageResponse, ServerReflectionRequest,
         };
         let mut refl = ServerReflectionClient::new(channel.clone());
         let reqs = vec![
             ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) },
-            ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::FileContainingSymbol("civetta.v1.Inference".into())) },
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::FileContainingSymbol("civetta.v1.Inference".into())),
+            },
         ];
         let mut resp = refl.server_reflection_info(tokio_stream::iter(reqs)).await.unwrap().into_inner();
-        let Some(MessageResponse::ListServicesResponse(list)) = resp.message().await.unwrap().unwrap().message_response else { panic!("expected a service list") };
+        let Some(MessageResponse::ListServicesResponse(list)) = resp.message().await.unwrap().unwrap().message_response else {
+            panic!("expected a service list")
+        };
         let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
         for s in ["civetta.v1.Inference", "grpc.health.v1.Health"] {
             assert!(names.contains(s), "{s} not in {names:?}");
         }
-        let Some(MessageResponse::FileDescriptorResponse(fd)) = resp.message().await.unwrap().unwrap().message_response else { panic!("expected a descriptor") };
+        let Some(MessageResponse::FileDescriptorResponse(fd)) = resp.message().await.unwrap().unwrap().message_response else {
+            panic!("expected a descriptor")
+        };
         assert!(!fd.file_descriptor_proto.is_empty());
     }
     {
         use tonic_reflection::pb::v1alpha::{
-            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-            ServerReflectionRequest,
+            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+            server_reflection_response::MessageResponse, ServerReflectionRequest,
         };
         let mut refl = ServerReflectionClient::new(channel);
         let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
         let mut resp = refl.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
-        let Some(MessageResponse::ListServicesResponse(list)) = resp.message().await.unwrap().unwrap().message_response else { panic!("expected a service list") };
+        let Some(MessageResponse::ListServicesResponse(list)) = resp.message().await.unwrap().unwrap().message_response else {
+            panic!("expected a service list")
+        };
         assert!(list.service.iter().any(|s| s.name == "civetta.v1.Inference"));
     }
 }

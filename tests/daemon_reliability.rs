@@ -18,7 +18,10 @@ fn long(prompt: &str) -> GenerateRequest {
 }
 
 /// Opens a Generate stream and waits for its first token (the sequence is then active).
-async fn started(client: &mut civetta::proto::inference_client::InferenceClient<tonic::transport::Channel>, req: GenerateRequest) -> tonic::Streaming<civetta::proto::GenerateResponse> {
+async fn started(
+    client: &mut civetta::proto::inference_client::InferenceClient<tonic::transport::Channel>,
+    req: GenerateRequest,
+) -> tonic::Streaming<civetta::proto::GenerateResponse> {
     let mut s = client.generate(req).await.unwrap().into_inner();
     let first = s.message().await.unwrap().expect("a first message");
     assert!(matches!(first.event, Some(Event::Token(_))), "{first:?}");
@@ -63,7 +66,8 @@ async fn dropped_streams_free_their_sequences() {
     for i in 3..8 {
         streams.push(client.generate(long(&format!("prompt {i}"))).await.unwrap().into_inner());
     }
-    let busy = d.wait_metrics("3 active, 5 queued", |m| m.sum("civetta_active_sequences", &[]) == 3.0 && m.sum("civetta_queue_depth", &[]) == 5.0);
+    let busy =
+        d.wait_metrics("3 active, 5 queued", |m| m.sum("civetta_active_sequences", &[]) == 3.0 && m.sum("civetta_queue_depth", &[]) == 5.0);
     assert!(busy.sum("civetta_kv_cache_bytes", &[]) > 0.0);
     assert_eq!(busy.sum("civetta_requests_in_flight", &[]), 8.0);
     let t0 = Instant::now();
@@ -93,7 +97,9 @@ async fn deadline_stops_the_generation() {
     assert!(matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled), "{err:?}");
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     let m = d.wait_metrics("deadline counted and sequence released", |m| {
-        m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "DEADLINE_EXCEEDED")]) + m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "CANCELLED")]) == 1.0
+        m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "DEADLINE_EXCEEDED")])
+            + m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "CANCELLED")])
+            == 1.0
             && m.sum("civetta_active_sequences", &[]) == 0.0
     });
     assert!(m.sum("civetta_generated_tokens_total", &[]) < 1900.0);
@@ -153,7 +159,8 @@ async fn sigterm_lets_streams_finish_then_exits_0() {
     assert_eq!(tokens, 300);
     assert_eq!(done.unwrap().finish_reason, FinishReason::Length as i32);
     // ...and the daemon exits 0 well before the grace period is over.
-    let status = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running after SIGTERM; stderr:\n{}", d.stderr()));
+    let status =
+        d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running after SIGTERM; stderr:\n{}", d.stderr()));
     assert!(status.success(), "{status:?}\n{}", d.stderr());
 }
 

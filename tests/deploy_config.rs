@@ -22,9 +22,7 @@ fn yaml(rel: &str) -> Yaml {
 
 fn yaml_docs(rel: &str) -> Vec<Yaml> {
     use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(&read(rel))
-        .map(|d| Yaml::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
-        .collect()
+    serde_yaml::Deserializer::from_str(&read(rel)).map(|d| Yaml::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}"))).collect()
 }
 
 fn s<'a>(v: &'a Yaml, path: &[&str]) -> &'a Yaml {
@@ -154,15 +152,29 @@ fn dashboard_panels_cover_the_issue_and_name_known_metrics() {
         }
     }
     let titles: Vec<String> = panels(&dash).iter().filter_map(|p| p["title"].as_str().map(str::to_lowercase)).collect();
-    for needle in ["request rate", "time to first token", "inter-token", "tokens per second", "kernel time share",
-        "time per call", "kernel resources", "build and environment"] {
+    for needle in [
+        "request rate",
+        "time to first token",
+        "inter-token",
+        "tokens per second",
+        "kernel time share",
+        "time per call",
+        "kernel resources",
+        "build and environment",
+    ] {
         assert!(titles.iter().any(|t| t.contains(needle)), "no panel about {needle:?}: {titles:?}");
     }
     // The resource table shows every GPU gauge; the info table shows the environment labels.
     let all = exprs.iter().map(|(_, e)| e.as_str()).collect::<Vec<_>>().join("\n");
-    for metric in ["civetta_kernel_vgprs", "civetta_kernel_scratch_bytes", "civetta_kernel_occupancy_waves",
-        "civetta_environment_info", "civetta_build_info", "civetta_time_to_first_token_seconds_bucket",
-        "civetta_inter_token_latency_seconds_bucket"] {
+    for metric in [
+        "civetta_kernel_vgprs",
+        "civetta_kernel_scratch_bytes",
+        "civetta_kernel_occupancy_waves",
+        "civetta_environment_info",
+        "civetta_build_info",
+        "civetta_time_to_first_token_seconds_bucket",
+        "civetta_inter_token_latency_seconds_bucket",
+    ] {
         assert!(all.contains(metric), "dashboard never queries {metric}");
     }
 }
@@ -178,12 +190,8 @@ fn name_check_rejects_unknown_metrics() {
 #[test]
 fn dashboard_variables_and_datasource_match_provisioning() {
     let dash = dashboard();
-    let vars: Vec<String> = dash["templating"]["list"]
-        .as_array()
-        .expect("templating")
-        .iter()
-        .map(|v| v["name"].as_str().unwrap().to_string())
-        .collect();
+    let vars: Vec<String> =
+        dash["templating"]["list"].as_array().expect("templating").iter().map(|v| v["name"].as_str().unwrap().to_string()).collect();
     let grafana_builtins = ["__rate_interval", "__interval", "__range"];
     for (title, expr) in dashboard_exprs() {
         for part in expr.split('$').skip(1) {
@@ -222,7 +230,10 @@ fn prometheus_config_and_rules_agree() {
             assert!(exported.contains(&name) || names.contains(&name.as_str()), "rule {record} uses unknown {name}");
         }
     }
-    assert!(records.iter().any(|(_, e)| e.contains("group_left") && e.contains("civetta_kernel_duration_seconds_sum")), "no kernel time share rule");
+    assert!(
+        records.iter().any(|(_, e)| e.contains("group_left") && e.contains("civetta_kernel_duration_seconds_sum")),
+        "no kernel time share rule"
+    );
     assert!(records.iter().any(|(_, e)| e.contains("civetta_generated_tokens_total")), "no tokens/s rule");
 }
 
@@ -248,7 +259,8 @@ fn kubernetes_manifests_are_scrapable_and_request_the_gpu() {
         assert_eq!(ann["prometheus.io/scrape"].as_str(), Some("true"), "{file}");
         let port = ann["prometheus.io/port"].as_str().expect("port annotation");
         let container = &s(template, &["spec", "containers"])[0];
-        let ports: Vec<String> = container["ports"].as_sequence().unwrap().iter().map(|p| p["containerPort"].as_u64().unwrap().to_string()).collect();
+        let ports: Vec<String> =
+            container["ports"].as_sequence().unwrap().iter().map(|p| p["containerPort"].as_u64().unwrap().to_string()).collect();
         assert!(ports.contains(&port.to_string()) && ports.contains(&"50051".to_string()), "{file}: ports {ports:?}");
         assert_eq!(s(template, &["spec", "securityContext", "runAsNonRoot"]).as_bool(), Some(true), "{file}");
         assert_matrix_image(container["image"].as_str().unwrap(), file);
@@ -287,8 +299,13 @@ fn compose_and_quadlet_use_pinned_images_and_loopback() {
     let quadlet = read("deploy/podman/civetta.container");
     let image = quadlet.lines().find_map(|l| l.strip_prefix("Image=")).expect("Image=");
     assert_matrix_image(image, "civetta.container");
-    for line in ["AddDevice=/dev/kfd", "AddDevice=/dev/dri", "PodmanArgs=--group-add keep-groups",
-        "PublishPort=127.0.0.1:50051:50051", "PublishPort=127.0.0.1:9464:9464"] {
+    for line in [
+        "AddDevice=/dev/kfd",
+        "AddDevice=/dev/dri",
+        "PodmanArgs=--group-add keep-groups",
+        "PublishPort=127.0.0.1:50051:50051",
+        "PublishPort=127.0.0.1:9464:9464",
+    ] {
         assert!(quadlet.lines().any(|l| l == line), "quadlet lacks {line}");
     }
     for section in ["[Unit]", "[Container]", "[Service]", "[Install]"] {
@@ -299,8 +316,13 @@ fn compose_and_quadlet_use_pinned_images_and_loopback() {
 #[test]
 fn deploy_docs_reference_existing_files() {
     let doc = read("docs/DEPLOY.md");
-    for rel in ["deploy/prometheus/prometheus.yml", "deploy/grafana/dashboards/civetta.json", "deploy/podman/civetta.container",
-        "deploy/compose.yaml", "deploy/kubernetes/civetta-rocm.yaml"] {
+    for rel in [
+        "deploy/prometheus/prometheus.yml",
+        "deploy/grafana/dashboards/civetta.json",
+        "deploy/podman/civetta.container",
+        "deploy/compose.yaml",
+        "deploy/kubernetes/civetta-rocm.yaml",
+    ] {
         assert!(Path::new(&root().join(rel)).is_file(), "{rel} missing");
         assert!(doc.contains(rel), "docs/DEPLOY.md does not mention {rel}");
     }

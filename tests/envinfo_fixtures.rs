@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/env")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/env").join(name)
 }
 
 fn fp(name: &str) -> Fingerprint {
@@ -17,23 +15,16 @@ fn fp(name: &str) -> Fingerprint {
 
 fn fp_with_env(name: &str, vars: &[(&str, &str)]) -> Fingerprint {
     let mut opts = CollectOptions::fixture(fixture_dir(name), "cpu");
-    opts.env_vars = Some(
-        vars.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<BTreeMap<_, _>>(),
-    );
+    opts.env_vars = Some(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>());
     collect(&opts)
 }
 
 fn value<'a>(f: &'a Fingerprint, key: &str) -> &'a str {
-    f.get(key)
-        .unwrap_or_else(|| panic!("no field {key}; fields: {:#?}", f.fields))
+    f.get(key).unwrap_or_else(|| panic!("no field {key}; fields: {:#?}", f.fields))
 }
 
 fn source<'a>(f: &'a Fingerprint, key: &str) -> &'a str {
-    &f.field(key)
-        .unwrap_or_else(|| panic!("no field {key}"))
-        .source
+    &f.field(key).unwrap_or_else(|| panic!("no field {key}")).source
 }
 
 // ---------------------------------------------------------------- IOMMU
@@ -85,11 +76,7 @@ fn iommu_off_when_nothing_is_registered_even_with_iommu_pt() {
     assert_eq!(f.iommu_mode, "off");
     assert_eq!(value(&f, "iommu.hardware"), "none");
     assert_eq!(value(&f, "iommu.group_count"), "0");
-    assert!(
-        source(&f, "iommu.mode").contains("both empty"),
-        "{}",
-        source(&f, "iommu.mode")
-    );
+    assert!(source(&f, "iommu.mode").contains("both empty"), "{}", source(&f, "iommu.mode"));
     // /sys/class is readable and has no drm or kfd class: no GPU, a fact.
     assert_eq!(value(&f, "gpu.count"), "0");
     assert_eq!(f.gpu_arch, "none");
@@ -99,12 +86,7 @@ fn iommu_off_when_nothing_is_registered_even_with_iommu_pt() {
 fn iommu_unknown_when_nothing_is_readable() {
     let f = fp("iommu-unknown");
     assert_eq!(f.iommu_mode, "unknown");
-    for key in [
-        "iommu.hardware",
-        "iommu.group_count",
-        "iommu.domain_types",
-        "iommu.cmdline",
-    ] {
+    for key in ["iommu.hardware", "iommu.group_count", "iommu.domain_types", "iommu.cmdline"] {
         assert_eq!(value(&f, key), "unknown", "{key}");
     }
     // And so is everything else host-related: nothing is guessed.
@@ -129,11 +111,7 @@ fn iommu_unknown_when_nothing_is_readable() {
 fn container_none_despite_a_stray_dockerenv() {
     let f = fp("container-none-stray-dockerenv");
     assert_eq!(f.container, "none");
-    assert!(
-        value(&f, "container.evidence").contains("/.dockerenv exists but"),
-        "{}",
-        value(&f, "container.evidence")
-    );
+    assert!(value(&f, "container.evidence").contains("/.dockerenv exists but"), "{}", value(&f, "container.evidence"));
     assert_eq!(value(&f, "container.image"), "none");
     assert_eq!(value(&f, "container.engine"), "none");
 }
@@ -150,10 +128,7 @@ fn container_podman_with_containerenv_fields_and_image_json() {
     // image.json's tag wins over .containerenv's image=.
     assert_eq!(f.image, "civetta:rocm-7.1.1-clang20");
     assert_eq!(source(&f, "container.image"), "/etc/civetta/image.json tag");
-    assert_eq!(
-        value(&f, "container.image_revision"),
-        "0123456789abcdef0123456789abcdef01234567"
-    );
+    assert_eq!(value(&f, "container.image_revision"), "0123456789abcdef0123456789abcdef01234567");
     assert_eq!(value(&f, "container.label.civetta.clang.version"), "20");
     assert_eq!(value(&f, "container.label.civetta.rocm.version"), "7.1.1");
 }
@@ -163,10 +138,7 @@ fn container_podman_from_an_empty_containerenv_and_libpod_cgroup() {
     let f = fp("container-podman-empty");
     assert_eq!(f.container, "podman");
     let ev = value(&f, "container.evidence");
-    assert!(
-        ev.contains("/run/.containerenv exists (empty)") && ev.contains("libpod"),
-        "{ev}"
-    );
+    assert!(ev.contains("/run/.containerenv exists (empty)") && ev.contains("libpod"), "{ev}");
     // Without --privileged podman leaves the fields out: unknown, not guessed.
     assert_eq!(value(&f, "container.engine"), "unknown");
     assert_eq!(f.image, "unknown");
@@ -176,16 +148,10 @@ fn container_podman_from_an_empty_containerenv_and_libpod_cgroup() {
 fn container_docker_needs_cgroup_or_mount_evidence() {
     let v1 = fp("container-docker");
     assert_eq!(v1.container, "docker");
-    assert_eq!(
-        source(&v1, "container.type"),
-        "/.dockerenv + /proc/1/cgroup"
-    );
+    assert_eq!(source(&v1, "container.type"), "/.dockerenv + /proc/1/cgroup");
     let v2 = fp("container-docker-cgroupv2");
     assert_eq!(v2.container, "docker");
-    assert_eq!(
-        source(&v2, "container.type"),
-        "/.dockerenv + /proc/self/mountinfo"
-    );
+    assert_eq!(source(&v2, "container.type"), "/.dockerenv + /proc/self/mountinfo");
 }
 
 #[test]
@@ -197,20 +163,14 @@ fn container_toolbox() {
     assert_eq!(f.image, "localhost/civetta:rocm-7.1.1-clang20-toolbox");
     assert_eq!(source(&f, "container.image"), "/run/.containerenv image=");
     assert_eq!(value(&f, "host.os"), "Ubuntu 24.04.3 LTS");
-    assert_eq!(
-        value(&f, "host.outer_os"),
-        "Fedora Linux 43 (Workstation Edition)"
-    );
+    assert_eq!(value(&f, "host.outer_os"), "Fedora Linux 43 (Workstation Edition)");
 }
 
 #[test]
 fn container_distrobox_from_its_files_despite_toolboxenv() {
     let f = fp("container-distrobox");
     assert_eq!(f.container, "distrobox");
-    assert_eq!(
-        source(&f, "container.type"),
-        "/etc/profile.d/distrobox_profile.sh"
-    );
+    assert_eq!(source(&f, "container.type"), "/etc/profile.d/distrobox_profile.sh");
     assert_eq!(value(&f, "container.name"), "civetta-box");
     assert_eq!(value(&f, "container.engine"), "podman-5.6.2");
 }
@@ -218,10 +178,7 @@ fn container_distrobox_from_its_files_despite_toolboxenv() {
 #[test]
 fn container_distrobox_from_its_environment() {
     // distrobox create sets container=podman and CONTAINER_ID=<name>.
-    let f = fp_with_env(
-        "container-podman-empty",
-        &[("container", "podman"), ("CONTAINER_ID", "civetta-box")],
-    );
+    let f = fp_with_env("container-podman-empty", &[("container", "podman"), ("CONTAINER_ID", "civetta-box")]);
     assert_eq!(f.container, "distrobox");
     assert_eq!(source(&f, "container.type"), "env CONTAINER_ID");
     // CONTAINER_ID alone, with no sign of a container, proves nothing.
@@ -231,18 +188,8 @@ fn container_distrobox_from_its_environment() {
 
 #[test]
 fn container_environment_variable_alone() {
-    assert_eq!(
-        fp_with_env("container-none-stray-dockerenv", &[("container", "podman")]).container,
-        "podman"
-    );
-    assert_eq!(
-        fp_with_env(
-            "container-none-stray-dockerenv",
-            &[("container", "systemd-nspawn")]
-        )
-        .container,
-        "unknown"
-    );
+    assert_eq!(fp_with_env("container-none-stray-dockerenv", &[("container", "podman")]).container, "podman");
+    assert_eq!(fp_with_env("container-none-stray-dockerenv", &[("container", "systemd-nspawn")]).container, "unknown");
 }
 
 // ---------------------------------------------------------------- Strix Halo
@@ -255,15 +202,9 @@ fn strix_halo_gpu() {
     assert_eq!(value(&f, "gpu.0.card"), "card1");
     assert_eq!(value(&f, "gpu.0.vendor"), "AMD (0x1002)");
     assert_eq!(value(&f, "gpu.0.device_id"), "0x1586");
-    assert_eq!(
-        value(&f, "gpu.0.name"),
-        "Strix Halo [Radeon Graphics / Radeon 8050S / 8060S Graphics]"
-    );
+    assert_eq!(value(&f, "gpu.0.name"), "Strix Halo [Radeon Graphics / Radeon 8050S / 8060S Graphics]");
     assert_eq!(value(&f, "gpu.0.driver"), "amdgpu");
-    assert_eq!(
-        source(&f, "gpu.0.driver"),
-        "/sys/class/drm/card1/device/driver (symlink)"
-    );
+    assert_eq!(source(&f, "gpu.0.driver"), "/sys/class/drm/card1/device/driver (symlink)");
     assert_eq!(value(&f, "gpu.0.sclk_mhz"), "1781");
     assert_eq!(value(&f, "gpu.0.sclk_range_mhz"), "600-2900");
     assert_eq!(value(&f, "gpu.0.vram_total_bytes"), "536870912");
@@ -285,17 +226,11 @@ fn strix_halo_gpu() {
 fn strix_halo_kernel_parameters_from_sysfs_and_cmdline() {
     let f = fp("strix-halo");
     assert_eq!(value(&f, "kparam.amdgpu.gttsize"), "126976");
-    assert_eq!(
-        source(&f, "kparam.amdgpu.gttsize"),
-        "/sys/module/amdgpu/parameters/gttsize"
-    );
+    assert_eq!(source(&f, "kparam.amdgpu.gttsize"), "/sys/module/amdgpu/parameters/gttsize");
     assert_eq!(value(&f, "kparam.amdgpu.gttsize.cmdline"), "126976");
     assert_eq!(value(&f, "kparam.ttm.pages_limit"), "32505856");
     assert_eq!(value(&f, "kparam.ttm.page_pool_size.cmdline"), "32505856");
-    assert_eq!(
-        source(&f, "kparam.ttm.pages_limit.cmdline"),
-        "/proc/cmdline ttm.pages_limit="
-    );
+    assert_eq!(source(&f, "kparam.ttm.pages_limit.cmdline"), "/proc/cmdline ttm.pages_limit=");
     // Elsewhere: the module is not loaded (unknown) and the command line does not set it.
     let g = fp("container-podman");
     assert_eq!(value(&g, "kparam.ttm.pages_limit"), "unknown");
@@ -308,35 +243,20 @@ fn strix_halo_host_toolchain_and_iommu() {
     assert_eq!(f.cpu_model, "AMD RYZEN AI MAX+ 395 w/ Radeon 8060S");
     assert_eq!(value(&f, "cpu.logical_cpus"), "4");
     assert_eq!(value(&f, "cpu.cores"), "2");
-    assert_eq!(
-        value(&f, "host.memory_total_bytes"),
-        (131072000u64 * 1024).to_string()
-    );
+    assert_eq!(value(&f, "host.memory_total_bytes"), (131072000u64 * 1024).to_string());
     assert_eq!(value(&f, "host.governor"), "performance");
     assert_eq!(value(&f, "host.power_profile"), "performance");
-    assert_eq!(
-        value(&f, "host.os"),
-        "Fedora Linux 43 (Workstation Edition)"
-    );
+    assert_eq!(value(&f, "host.os"), "Fedora Linux 43 (Workstation Edition)");
     assert_eq!(f.kernel_release, "6.17.7-300.fc43.x86_64");
     // Two kernel builds with the same compiler report it once.
-    assert_eq!(
-        value(&f, "toolchain.kernel_compiler"),
-        "clang version 22.1.8 (https://github.com/llvm/llvm-project 0123abc)"
-    );
+    assert_eq!(value(&f, "toolchain.kernel_compiler"), "clang version 22.1.8 (https://github.com/llvm/llvm-project 0123abc)");
     assert_eq!(f.kernel_compiler, "clang 22.1.8");
     assert!(source(&f, "toolchain.kernel_compiler").contains("2 builds"));
     assert_eq!(value(&f, "toolchain.rocm_installed"), "7.1.1-38");
-    assert_eq!(
-        f.rocm, "7.1.1-38",
-        "no HIP runtime: the installed ROCm is the summary"
-    );
+    assert_eq!(f.rocm, "7.1.1-38", "no HIP runtime: the installed ROCm is the summary");
     // Groups are mixed (one DMA group); the GPU's own group (4, identity) decides.
     assert_eq!(f.iommu_mode, "passthrough");
-    assert_eq!(
-        source(&f, "iommu.mode"),
-        "/sys/class/drm/card1/device/iommu_group/type"
-    );
+    assert_eq!(source(&f, "iommu.mode"), "/sys/class/drm/card1/device/iommu_group/type");
     assert_eq!(value(&f, "iommu.domain_types"), "DMA:1,identity:4");
     assert_eq!(f.container, "none");
 }
@@ -344,19 +264,12 @@ fn strix_halo_host_toolchain_and_iommu() {
 #[test]
 fn no_gpu_and_no_kernel_build() {
     let f = fp("container-podman");
-    assert_eq!(
-        value(&f, "gpu.count"),
-        "unknown",
-        "the fixture has no /sys at all"
-    );
+    assert_eq!(value(&f, "gpu.count"), "unknown", "the fixture has no /sys at all");
     assert_eq!(value(&f, "gpu.dev_kfd"), "absent");
     assert_eq!(value(&f, "toolchain.kernel_compiler"), "none");
     assert!(source(&f, "toolchain.kernel_compiler").starts_with("no kernel build found"));
     assert_eq!(value(&f, "toolchain.hip_runtime"), "unknown");
-    assert_eq!(
-        source(&f, "toolchain.hip_runtime"),
-        "HIP backend not present"
-    );
+    assert_eq!(source(&f, "toolchain.hip_runtime"), "HIP backend not present");
     assert_eq!(value(&f, "toolchain.rocm_installed"), "none");
 }
 
@@ -364,20 +277,11 @@ fn no_gpu_and_no_kernel_build() {
 fn kernel_compiler_from_the_environment_when_no_directory_is_given() {
     let mut opts = CollectOptions::fixture(fixture_dir("container-podman"), "hip");
     opts.kernel_build_dir = None;
-    opts.env_vars = Some(
-        [(
-            "CIVETTA_KERNEL_COMPILER".to_string(),
-            "AMD clang version 19.0.0git (roc-6.4.4)".to_string(),
-        )]
-        .into(),
-    );
+    opts.env_vars = Some([("CIVETTA_KERNEL_COMPILER".to_string(), "AMD clang version 19.0.0git (roc-6.4.4)".to_string())].into());
     opts.hip_runtime_version = Some("6.4.43484".into());
     let f = collect(&opts);
     assert_eq!(f.kernel_compiler, "AMD clang 19.0.0git");
-    assert_eq!(
-        source(&f, "toolchain.kernel_compiler"),
-        "env CIVETTA_KERNEL_COMPILER"
-    );
+    assert_eq!(source(&f, "toolchain.kernel_compiler"), "env CIVETTA_KERNEL_COMPILER");
     assert_eq!(f.rocm, "6.4.43484");
     assert_eq!(f.backend, "hip");
     // CIVETTA_KERNEL_DIR points at a build.

@@ -11,10 +11,7 @@ fn runtime_version_hook_fills_the_hip_runtime() {
     envinfo::set_runtime_version("7.1.25424", "runtime: hipRuntimeGetVersion");
     let fp = collect(&CollectOptions::fixture(&dir, "hip"));
     assert_eq!(fp.get("toolchain.hip_runtime"), Some("7.1.25424"));
-    assert_eq!(
-        fp.field("toolchain.hip_runtime").unwrap().source,
-        "runtime: hipRuntimeGetVersion"
-    );
+    assert_eq!(fp.field("toolchain.hip_runtime").unwrap().source, "runtime: hipRuntimeGetVersion");
     assert_eq!(fp.rocm, "7.1.25424");
     // An explicit option wins over the hook.
     let mut opts = CollectOptions::fixture(&dir, "hip");

@@ -140,7 +140,10 @@ fn header_corruptions() {
 #[test]
 fn metadata_corruptions() {
     let h = || Raw::header(3, 0, 1);
-    assert_err(h().u64(u64::MAX).bytes(&[0; 8]), "at byte offset 24: string length 18446744073709551615 of metadata key 0 exceeds the 8 bytes left");
+    assert_err(
+        h().u64(u64::MAX).bytes(&[0; 8]),
+        "at byte offset 24: string length 18446744073709551615 of metadata key 0 exceeds the 8 bytes left",
+    );
     assert_err(h().str(b"k").u32(13).u32(0), "metadata \"k\": unknown value type 13");
     assert_err(h().str(b"k").u32(7).u8(2), "metadata \"k\": bool byte 2 is neither 0 nor 1");
     // 2^60 strings: must be refused before anything is allocated for them.
@@ -187,15 +190,11 @@ fn tensor_info_corruptions() {
     assert_err(t(b"w", &[0, 1 << 40, 1 << 40], 0, 0), "overflow the element count");
     assert_err(t(b"w", &[1 << 62], 0, 0), "overflow the byte size");
     assert_err(t(b"w\xff", &[8], 0, 0), "the name of tensor info 0 is not valid UTF-8");
-    assert_err(
-        Raw::header(3, 1, 0).str(b"w").u32(9).bytes(&[0; 64]),
-        "tensor info 0 (\"w\") n_dims: 9 dimensions, expected 1 to 4",
-    );
+    assert_err(Raw::header(3, 1, 0).str(b"w").u32(9).bytes(&[0; 64]), "tensor info 0 (\"w\") n_dims: 9 dimensions, expected 1 to 4");
     assert_err(Raw::header(3, 1, 0).str(b"w").u32(0).bytes(&[0; 64]), "0 dimensions, expected 1 to 4");
 
-    let two = |second: &[u8], offset: u64| {
-        Raw::header(3, 2, 0).tensor(b"a", &[8], 0, 0).tensor(second, &[8], 0, offset).pad(32).bytes(&[0; 64])
-    };
+    let two =
+        |second: &[u8], offset: u64| Raw::header(3, 2, 0).tensor(b"a", &[8], 0, 0).tensor(second, &[8], 0, offset).pad(32).bytes(&[0; 64]);
     assert_err(two(b"a", 32), "duplicate tensor name \"a\"");
     assert_err(two(b"b", 0), "tensor data overlap: \"a\" (file bytes 96..128) and \"b\" (file bytes 96..128)");
     GgufFile::parse_bytes(two(b"b", 32).0, "model.gguf").expect("adjacent tensors are fine");

@@ -151,11 +151,7 @@ fn gguf_py_reads_what_civetta_writes() {
     assert_eq!(py["alignment"], 128);
 
     let py_kv = py["kv"].as_array().unwrap();
-    let expected_kv: Vec<Value> = ours
-        .metadata
-        .iter()
-        .map(|(k, v)| json!([k, type_chain(v), python_view(v)]))
-        .collect();
+    let expected_kv: Vec<Value> = ours.metadata.iter().map(|(k, v)| json!([k, type_chain(v), python_view(v)])).collect();
     assert_eq!(ours.metadata.len(), meta.len() + 1, "our reader sees general.alignment too");
     assert_eq!(py_kv.len(), expected_kv.len());
     for (p, e) in py_kv.iter().zip(&expected_kv) {

@@ -35,8 +35,7 @@ fn build(root: &Path, clang: &str) -> PathBuf {
 }
 
 fn gate(dir: &Path, allowlist: &Path) -> i32 {
-    run(KernelsArgs { cmd: KernelsCmd::Gate(GateArgs { dir: dir.to_path_buf(), allowlist: allowlist.to_path_buf() }) })
-        .unwrap()
+    run(KernelsArgs { cmd: KernelsCmd::Gate(GateArgs { dir: dir.to_path_buf(), allowlist: allowlist.to_path_buf() }) }).unwrap()
 }
 
 #[test]
@@ -76,9 +75,8 @@ fn gate_refuses_an_empty_build_and_a_reasonless_allowlist() {
     let root = tempfile::tempdir().unwrap();
     let allowlist = root.path().join("a.toml");
     std::fs::write(&allowlist, "").unwrap();
-    let args = |dir: &Path, list: &Path| KernelsArgs {
-        cmd: KernelsCmd::Gate(GateArgs { dir: dir.to_path_buf(), allowlist: list.to_path_buf() }),
-    };
+    let args =
+        |dir: &Path, list: &Path| KernelsArgs { cmd: KernelsCmd::Gate(GateArgs { dir: dir.to_path_buf(), allowlist: list.to_path_buf() }) };
     let err = run(args(root.path(), &allowlist)).unwrap_err();
     assert!(err.to_string().contains("no .hsaco"), "{err}");
     std::fs::write(&allowlist, "[[allow]]\nkernel = \"k\"\n").unwrap();

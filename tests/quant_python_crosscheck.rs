@@ -28,14 +28,7 @@ const SUPPORTED: [GgmlType; 9] = [
     GgmlType::Q6_K,
 ];
 
-const PYTHON_QUANTIZES: [GgmlType; 6] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-];
+const PYTHON_QUANTIZES: [GgmlType; 6] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/quant_crosscheck.py")
@@ -44,15 +37,10 @@ fn script() -> PathBuf {
 /// Whether python3 with numpy and gguf is usable; panics with instructions unless skipping
 /// is allowed.
 fn python_ready() -> bool {
-    let probe = Command::new("python3")
-        .args(["-c", "import numpy, gguf.quants"])
-        .output();
+    let probe = Command::new("python3").args(["-c", "import numpy, gguf.quants"]).output();
     let problem = match probe {
         Ok(o) if o.status.success() => return true,
-        Ok(o) => format!(
-            "python3 cannot import numpy/gguf: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
+        Ok(o) => format!("python3 cannot import numpy/gguf: {}", String::from_utf8_lossy(&o.stderr).trim()),
         Err(e) => format!("cannot run python3: {e}"),
     };
     if std::env::var("CIVETTA_SKIP_PYTHON").as_deref() == Ok("1") {
@@ -77,32 +65,18 @@ fn test_row() -> Vec<f32> {
     x.extend([0.75f32; 256]);
     x.extend((0..256).map(|i| 1.0 + i as f32 / 64.0)); // positive only
     x.extend((0..256).map(|i| -0.5 - (i % 7) as f32)); // negative only
-    x.extend((0..256).map(|i| {
-        if i % 97 == 3 {
-            40.0
-        } else {
-            0.001 * (i % 5) as f32
-        }
-    }));
+    x.extend((0..256).map(|i| if i % 97 == 3 { 40.0 } else { 0.001 * (i % 5) as f32 }));
     x.extend((0..256).map(|i| if i % 2 == 0 { 60000.0 } else { -1e-7 }));
     assert_eq!(x.len() % 256, 0);
     x
 }
 
 fn write_f32(path: &Path, x: &[f32]) {
-    std::fs::write(
-        path,
-        x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-    )
-    .unwrap();
+    std::fs::write(path, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 fn py_type(t: GgmlType) -> String {
@@ -155,26 +129,14 @@ fn quant_formats_match_python_gguf_bit_for_bit() {
     }
     let jobs_path = dir.path().join("jobs.json");
     std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
-    let out = Command::new("python3")
-        .arg(script())
-        .arg(&jobs_path)
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "quant_crosscheck.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new("python3").arg(script()).arg(&jobs_path).output().expect("run python3");
+    assert!(out.status.success(), "quant_crosscheck.py failed: {}", String::from_utf8_lossy(&out.stderr));
 
     // (a) our bytes decode identically in python.
     for (t, q, deq) in &ours {
         let mut mine = vec![0f32; n];
         quant::dequantize_row(*t, q, &mut mine).unwrap();
-        assert_bits_equal(
-            &format!("{t}: our quantisation, dequantised"),
-            &mine,
-            &read_f32(deq),
-        );
+        assert_bits_equal(&format!("{t}: our quantisation, dequantised"), &mine, &read_f32(deq));
     }
     // (b) python's bytes decode identically here, and (c) they are our bytes.
     for (t, qpath, deq) in &theirs {
@@ -182,18 +144,9 @@ fn quant_formats_match_python_gguf_bit_for_bit() {
         assert_eq!(q.len(), t.row_bytes(n).unwrap(), "{t}: python row size");
         let mut mine = vec![0f32; n];
         quant::dequantize_row(*t, &q, &mut mine).unwrap();
-        assert_bits_equal(
-            &format!("{t}: python's quantisation, dequantised"),
-            &mine,
-            &read_f32(deq),
-        );
+        assert_bits_equal(&format!("{t}: python's quantisation, dequantised"), &mine, &read_f32(deq));
         let (_, our_bytes, _) = ours.iter().find(|(o, _, _)| o == t).unwrap();
         let first_diff = our_bytes.iter().zip(&q).position(|(a, b)| a != b);
-        assert_eq!(
-            first_diff,
-            None,
-            "{t}: quantised bytes differ from python's (block {:?})",
-            first_diff.map(|i| i / t.type_size())
-        );
+        assert_eq!(first_diff, None, "{t}: quantised bytes differ from python's (block {:?})", first_diff.map(|i| i / t.type_size()));
     }
 }

@@ -209,8 +209,7 @@ fn teacher_forced_top1_matches_llama_cpp_except_near_ties() {
         let logits = out["logits"].as_array().expect("logits array");
         assert_eq!(logits.len(), seq.len());
         for step in 0..GREEDY_TOKENS {
-            let row: Vec<f64> =
-                logits[prompt.len() - 1 + step].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let row: Vec<f64> = logits[prompt.len() - 1 + step].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
             let top = (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap() as u32;
             let expected = greedy[step];
             if top == expected {

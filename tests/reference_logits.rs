@@ -162,7 +162,11 @@ fn quantized_weights_match_reference_greedy_tokens() {
         let min_margin = rel_margins.iter().cloned().fold(f64::INFINITY, f64::min);
         eprintln!("{arch} {quant}: max relative logit error {worst:.2e}, smallest top-1/top-2 margin {min_margin:.3} of max |logit|");
         let per_position: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
-        assert!(worst < MAX_QUANT_ERROR, "{arch} {quant}: relative logit error {worst:.2e} >= {MAX_QUANT_ERROR} (per position: {})", per_position.join(" "));
+        assert!(
+            worst < MAX_QUANT_ERROR,
+            "{arch} {quant}: relative logit error {worst:.2e} >= {MAX_QUANT_ERROR} (per position: {})",
+            per_position.join(" ")
+        );
         let mut first_tie_break = None;
         for step in 0..GREEDY_STEPS {
             let got = argmax(&ours[n_prompt - 1 + step]);
@@ -185,10 +189,21 @@ fn quantized_weights_match_reference_greedy_tokens() {
 
         // Free-running generation through the engine (batched prefill, KV cache, sampler)
         // follows the same tokens (up to a near tie, after which the contexts differ).
-        let out = run_json(civetta().args(["generate", "--model"]).arg(&m).args(["--prompt-tokens", PROMPT, "-n", &GREEDY_STEPS.to_string(), "--ignore-eos", "--json"]));
+        let out = run_json(civetta().args(["generate", "--model"]).arg(&m).args([
+            "--prompt-tokens",
+            PROMPT,
+            "-n",
+            &GREEDY_STEPS.to_string(),
+            "--ignore-eos",
+            "--json",
+        ]));
         let generated: Vec<usize> = numbers(&out["token_ids"]).into_iter().map(|t| t as usize).collect();
         let same = first_tie_break.unwrap_or(GREEDY_STEPS);
         assert_eq!(generated.len(), GREEDY_STEPS, "{arch} {quant}: `civetta generate` token count");
-        assert_eq!(generated[..same], expected[..same], "{arch} {quant}: `civetta generate` differs from the numpy reference's greedy tokens");
+        assert_eq!(
+            generated[..same],
+            expected[..same],
+            "{arch} {quant}: `civetta generate` differs from the numpy reference's greedy tokens"
+        );
     });
 }

@@ -30,28 +30,47 @@ fn python_or_skip() -> bool {
 fn generated_texts(n: usize, seed: u64) -> Vec<String> {
     let words: Vec<&str> = train::CORPUS.split_whitespace().collect();
     let ranges: &[(u32, u32)] = &[
-        (0x20, 0x7E),     // ASCII
-        (0xA0, 0xFF),     // Latin-1
-        (0x100, 0x17F),   // Latin Extended-A
-        (0x300, 0x36F),   // combining marks
-        (0x391, 0x3C9),   // Greek
-        (0x410, 0x44F),   // Cyrillic
-        (0x5D0, 0x5EA),   // Hebrew
-        (0x620, 0x64A),   // Arabic
-        (0x660, 0x669),   // Arabic-Indic digits
-        (0x905, 0x939),   // Devanagari
-        (0x93E, 0x94D),   // Devanagari vowel signs
-        (0x2000, 0x206F), // general punctuation, odd spaces
-        (0x2150, 0x218B), // number forms
-        (0x2200, 0x22FF), // math
-        (0x3000, 0x303F), // CJK punctuation
-        (0x3041, 0x3096), // Hiragana
-        (0x4E00, 0x4FFF), // CJK
-        (0xAC00, 0xAD00), // Hangul
-        (0xFF01, 0xFF5E), // fullwidth
+        (0x20, 0x7E),       // ASCII
+        (0xA0, 0xFF),       // Latin-1
+        (0x100, 0x17F),     // Latin Extended-A
+        (0x300, 0x36F),     // combining marks
+        (0x391, 0x3C9),     // Greek
+        (0x410, 0x44F),     // Cyrillic
+        (0x5D0, 0x5EA),     // Hebrew
+        (0x620, 0x64A),     // Arabic
+        (0x660, 0x669),     // Arabic-Indic digits
+        (0x905, 0x939),     // Devanagari
+        (0x93E, 0x94D),     // Devanagari vowel signs
+        (0x2000, 0x206F),   // general punctuation, odd spaces
+        (0x2150, 0x218B),   // number forms
+        (0x2200, 0x22FF),   // math
+        (0x3000, 0x303F),   // CJK punctuation
+        (0x3041, 0x3096),   // Hiragana
+        (0x4E00, 0x4FFF),   // CJK
+        (0xAC00, 0xAD00),   // Hangul
+        (0xFF01, 0xFF5E),   // fullwidth
         (0x1F300, 0x1F64F), // emoji
     ];
-    let specials = ["'s", "'T", "'re", "'VE", "'m", "'ll", "'D", "''", "\r\n", "\n\n\n", "    ", "\t", " \n ", "\u{200d}", "123456789", "3.14", "--", "==="];
+    let specials = [
+        "'s",
+        "'T",
+        "'re",
+        "'VE",
+        "'m",
+        "'ll",
+        "'D",
+        "''",
+        "\r\n",
+        "\n\n\n",
+        "    ",
+        "\t",
+        " \n ",
+        "\u{200d}",
+        "123456789",
+        "3.14",
+        "--",
+        "===",
+    ];
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     (0..n)
         .map(|_| {
@@ -99,7 +118,12 @@ fn compare(what: &str, tk: &Tokenizer, theirs: &[Vec<u32>], texts: &[String]) {
         assert_eq!(tk.decode(&ours), *text, "{what}: round trip");
     }
     eprintln!("{what}: {}/{} strings identical to HF tokenizers", texts.len() - failures.len(), texts.len());
-    assert!(failures.is_empty(), "{what}: {} strings differ from HF:\n{}", failures.len(), failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{what}: {} strings differ from HF:\n{}",
+        failures.len(),
+        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]

@@ -103,11 +103,7 @@ impl Backend for CpuBackend {
             .with_context(|| format!("{}: tensor \"{name}\" is missing", file.path.display()))?;
         let info = &file.tensors[index];
         if !quant::supports(info.ggml_type) {
-            bail!(
-                "{}: tensor \"{name}\" has type {} which the CPU backend does not support",
-                file.path.display(),
-                info.ggml_type
-            );
+            bail!("{}: tensor \"{name}\" has type {} which the CPU backend does not support", file.path.display(), info.ggml_type);
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
@@ -259,7 +255,16 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn kv_store(&self, k: &Buffer, v: &Buffer, k_cache: &mut Buffer, v_cache: &mut Buffer, start_pos: usize, n_tokens: usize, kv_dim: usize) {
+    fn kv_store(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_cache: &mut Buffer,
+        v_cache: &mut Buffer,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
         self.timed("kv_store", n_tokens, || {
             let n = n_tokens * kv_dim;
             buf_mut(k_cache)[start_pos * kv_dim..start_pos * kv_dim + n].copy_from_slice(&buf(k)[..n]);

@@ -71,7 +71,16 @@ pub trait Backend: Send + Sync {
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
     fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide) into the caches at row `start_pos`.
-    fn kv_store(&self, k: &Buffer, v: &Buffer, k_cache: &mut Buffer, v_cache: &mut Buffer, start_pos: usize, n_tokens: usize, kv_dim: usize);
+    fn kv_store(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_cache: &mut Buffer,
+        v_cache: &mut Buffer,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    );
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
     /// gate = silu(gate) * up over n elements.
@@ -88,8 +97,8 @@ pub trait Backend: Send + Sync {
 pub fn create(name: &str, threads: usize) -> anyhow::Result<Arc<dyn Backend>> {
     match name {
         "cpu" | "auto" => Ok(Arc::new(cpu::CpuBackend::new(threads)?)),
-        other => anyhow::bail!(
-            "backend \"{other}\" is not available in this build (available: cpu; GPU backends need --features hip or cuda)"
-        ),
+        other => {
+            anyhow::bail!("backend \"{other}\" is not available in this build (available: cpu; GPU backends need --features hip or cuda)")
+        }
     }
 }

@@ -87,8 +87,7 @@ fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
     }
     let pb = indicatif::ProgressBar::new(0);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .expect("static template"),
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}").expect("static template"),
     );
     pb
 }
@@ -136,7 +135,12 @@ pub fn load_report(path: &std::path::Path) -> anyhow::Result<BenchReport> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let r: BenchReport = serde_json::from_str(&text).with_context(|| format!("{}: not a civetta bench JSON report", path.display()))?;
     if r.schema_version > super::report::SCHEMA_VERSION {
-        anyhow::bail!("{}: schema version {} is newer than this civetta understands ({})", path.display(), r.schema_version, super::report::SCHEMA_VERSION);
+        anyhow::bail!(
+            "{}: schema version {} is newer than this civetta understands ({})",
+            path.display(),
+            r.schema_version,
+            super::report::SCHEMA_VERSION
+        );
     }
     Ok(r)
 }
@@ -160,7 +164,13 @@ pub fn plot_svg(base: &BenchReport, new: &BenchReport) -> String {
         .kernels
         .iter()
         .map(|k| {
-            let n = new.profile.kernels.iter().find(|x| x.kernel == k.kernel && x.shape_class == k.shape_class).map(|x| x.total_seconds).unwrap_or(0.0);
+            let n = new
+                .profile
+                .kernels
+                .iter()
+                .find(|x| x.kernel == k.kernel && x.shape_class == k.shape_class)
+                .map(|x| x.total_seconds)
+                .unwrap_or(0.0);
             (format!("{} [{}]", k.kernel, k.shape_class), k.total_seconds, n)
         })
         .collect();

@@ -32,11 +32,7 @@ pub struct Comparison {
 fn fields(fp: &serde_json::Value) -> Vec<(String, String)> {
     fp.get("fields")
         .and_then(|f| f.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| Some((f.get("key")?.as_str()?.to_string(), f.get("value")?.as_str()?.to_string())))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|f| Some((f.get("key")?.as_str()?.to_string(), f.get("value")?.as_str()?.to_string()))).collect())
         .unwrap_or_default()
 }
 
@@ -174,15 +170,15 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
     }
     match (&base.hashes, &new.hashes) {
         (Some(a), Some(b)) => {
-            let differing: Vec<&str> = a
-                .completions
-                .iter()
-                .zip(&b.completions)
-                .filter(|(x, y)| x.sha256 != y.sha256)
-                .map(|(x, _)| x.prompt.as_str())
-                .collect();
+            let differing: Vec<&str> =
+                a.completions.iter().zip(&b.completions).filter(|(x, y)| x.sha256 != y.sha256).map(|(x, _)| x.prompt.as_str()).collect();
             if differing.is_empty() && a.completions.len() == b.completions.len() {
-                let _ = writeln!(s, "| completion hashes | {} | {} | identical | bit-exact: yes |", short(&a.overall_sha256), short(&b.overall_sha256));
+                let _ = writeln!(
+                    s,
+                    "| completion hashes | {} | {} | identical | bit-exact: yes |",
+                    short(&a.overall_sha256),
+                    short(&b.overall_sha256)
+                );
             } else {
                 let _ = writeln!(
                     s,

@@ -31,7 +31,8 @@ pub struct LocalPlan {
 pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Result<BenchReport> {
     let started_at = now_rfc3339();
     let max_depth = plan.depths.iter().copied().max().unwrap_or(0);
-    let need_ctx = plan.pp.iter().copied().max().unwrap_or(0).max(max_depth + plan.tg.iter().copied().max().unwrap_or(0) + 2) + plan.hash_tokens + 64;
+    let need_ctx =
+        plan.pp.iter().copied().max().unwrap_or(0).max(max_depth + plan.tg.iter().copied().max().unwrap_or(0) + 2) + plan.hash_tokens + 64;
     let cfg = EngineConfig {
         model_path: plan.model.clone(),
         backend: "cpu".into(),
@@ -151,12 +152,7 @@ pub fn hash_set(completions: Vec<CompletionHash>, max_tokens: usize) -> HashSet 
     for c in &completions {
         ho.update(c.sha256.as_bytes());
     }
-    HashSet {
-        prompts_sha256: hex::encode(hp.finalize()),
-        max_tokens,
-        completions,
-        overall_sha256: hex::encode(ho.finalize()),
-    }
+    HashSet { prompts_sha256: hex::encode(hp.finalize()), max_tokens, completions, overall_sha256: hex::encode(ho.finalize()) }
 }
 
 fn test_result(name: String, kind: &str, n_prompt: usize, n_gen: usize, depth: usize, samples: Vec<f64>) -> TestResult {

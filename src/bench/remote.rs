@@ -2,7 +2,10 @@
 //! through its gRPC API, at several concurrency levels.
 
 use super::report::*;
-use crate::proto::{generate_response::Event, inference_client::InferenceClient, GenerateRequest, GetEnvironmentRequest, GetModelInfoRequest, SamplingParams};
+use crate::proto::{
+    generate_response::Event, inference_client::InferenceClient, GenerateRequest, GetEnvironmentRequest, GetModelInfoRequest,
+    SamplingParams,
+};
 use anyhow::Context;
 use std::time::Instant;
 

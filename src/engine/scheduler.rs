@@ -140,9 +140,7 @@ impl Engine {
                 if messages.is_empty() {
                     return Err(SubmitError::Invalid("messages are empty".into()));
                 }
-                let text = tk
-                    .apply_chat_template(messages, true)
-                    .map_err(|e| SubmitError::Invalid(format!("chat template: {e:#}")))?;
+                let text = tk.apply_chat_template(messages, true).map_err(|e| SubmitError::Invalid(format!("chat template: {e:#}")))?;
                 tk.encode(&text, false, true)
             }
         })

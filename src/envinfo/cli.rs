@@ -31,12 +31,7 @@ pub struct EnvArgs {
 
 pub fn run(args: &EnvArgs) -> anyhow::Result<()> {
     let mut opts = CollectOptions::system(args.backend.clone());
-    opts.roots = EnvRoots {
-        sys: args.sys_root.clone(),
-        proc: args.proc_root.clone(),
-        run: args.run_root.clone(),
-        root: args.root.clone(),
-    };
+    opts.roots = EnvRoots { sys: args.sys_root.clone(), proc: args.proc_root.clone(), run: args.run_root.clone(), root: args.root.clone() };
     opts.kernel_build_dir = args.kernel_dir.clone();
     let fp = collect(&opts);
     if args.json {

@@ -26,11 +26,7 @@
 use super::{read_trimmed, Field, Probe, UNKNOWN};
 use std::collections::BTreeMap;
 
-const DISTROBOX_FILES: &[&str] = &[
-    "etc/profile.d/distrobox_profile.sh",
-    "usr/bin/distrobox-export",
-    "usr/bin/distrobox-host-exec",
-];
+const DISTROBOX_FILES: &[&str] = &["etc/profile.d/distrobox_profile.sh", "usr/bin/distrobox-export", "usr/bin/distrobox-host-exec"];
 
 /// Parses `/run/.containerenv` (`key="value"` lines).
 pub(crate) fn parse_containerenv(text: &str) -> BTreeMap<String, String> {
@@ -56,10 +52,7 @@ fn cgroup_hint(text: &str) -> CgroupHint {
         CgroupHint::Podman
     } else if t.contains("/docker/") || t.contains("docker-") || t.contains("/docker.") {
         CgroupHint::Docker
-    } else if let Some(w) = ["containerd", "kubepods", "lxc"]
-        .iter()
-        .find(|w| t.contains(*w))
-    {
+    } else if let Some(w) = ["containerd", "kubepods", "lxc"].iter().find(|w| t.contains(*w)) {
         CgroupHint::Other(w.to_string())
     } else {
         CgroupHint::Nothing
@@ -79,15 +72,8 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let mut evidence: Vec<String> = Vec::new();
     let exists = |path: std::path::PathBuf| path.exists();
 
-    let distrobox_files: Vec<&str> = DISTROBOX_FILES
-        .iter()
-        .copied()
-        .filter(|f| exists(p.root(f)))
-        .collect();
-    let toolbox_files: Vec<&str> = [".toolboxenv", ".toolbxenv"]
-        .into_iter()
-        .filter(|f| exists(p.run(f)))
-        .collect();
+    let distrobox_files: Vec<&str> = DISTROBOX_FILES.iter().copied().filter(|f| exists(p.root(f))).collect();
+    let toolbox_files: Vec<&str> = [".toolboxenv", ".toolbxenv"].into_iter().filter(|f| exists(p.run(f))).collect();
     let containerenv_text = read_trimmed(&p.run(".containerenv"));
     let containerenv = containerenv_text.as_deref().map(parse_containerenv);
     let dockerenv = exists(p.root(".dockerenv"));
@@ -97,17 +83,12 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let cgroup1 = read_trimmed(&p.proc("1/cgroup"));
     let cgroup_self = read_trimmed(&p.proc("self/cgroup"));
     let cgroup_readable = cgroup1.is_some() || cgroup_self.is_some();
-    let hints: Vec<(&str, CgroupHint)> = [
-        ("/proc/1/cgroup", &cgroup1),
-        ("/proc/self/cgroup", &cgroup_self),
-    ]
-    .into_iter()
-    .filter_map(|(name, text)| text.as_deref().map(|t| (name, cgroup_hint(t))))
-    .collect();
-    let hint_of =
-        |want: &dyn Fn(&CgroupHint) -> bool| hints.iter().find(|(_, h)| want(h)).map(|(n, _)| *n);
-    let docker_root =
-        read_trimmed(&p.proc("self/mountinfo")).is_some_and(|m| root_fs_from_docker(&m));
+    let hints: Vec<(&str, CgroupHint)> = [("/proc/1/cgroup", &cgroup1), ("/proc/self/cgroup", &cgroup_self)]
+        .into_iter()
+        .filter_map(|(name, text)| text.as_deref().map(|t| (name, cgroup_hint(t))))
+        .collect();
+    let hint_of = |want: &dyn Fn(&CgroupHint) -> bool| hints.iter().find(|(_, h)| want(h)).map(|(n, _)| *n);
+    let docker_root = read_trimmed(&p.proc("self/mountinfo")).is_some_and(|m| root_fs_from_docker(&m));
 
     for f in &distrobox_files {
         evidence.push(format!("/{f} exists"));
@@ -116,11 +97,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         evidence.push(format!("/run/{f} exists"));
     }
     if let Some(ce) = &containerenv {
-        evidence.push(if ce.is_empty() {
-            "/run/.containerenv exists (empty)".into()
-        } else {
-            "/run/.containerenv has fields".into()
-        });
+        evidence.push(if ce.is_empty() { "/run/.containerenv exists (empty)".into() } else { "/run/.containerenv has fields".into() });
     }
     if let Some(c) = &env_container {
         evidence.push(format!("env container={c}"));
@@ -146,10 +123,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let podman_cgroup = hint_of(&|h| *h == CgroupHint::Podman);
     let docker_cgroup = hint_of(&|h| *h == CgroupHint::Docker);
     let other_cgroup = hint_of(&|h| matches!(h, CgroupHint::Other(_)));
-    let inside_some_container = containerenv.is_some()
-        || env_container.is_some()
-        || podman_cgroup.is_some()
-        || docker_cgroup.is_some();
+    let inside_some_container = containerenv.is_some() || env_container.is_some() || podman_cgroup.is_some() || docker_cgroup.is_some();
 
     let (kind, source): (&str, String) = if !distrobox_files.is_empty() {
         ("distrobox", format!("/{}", distrobox_files[0]))
@@ -166,56 +140,30 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     } else if env_container.as_deref() == Some("podman") {
         ("podman", "env container".into())
     } else if let Some(n) = docker_cgroup {
-        (
-            "docker",
-            if dockerenv {
-                format!("/.dockerenv + {n}")
-            } else {
-                n.to_string()
-            },
-        )
+        ("docker", if dockerenv { format!("/.dockerenv + {n}") } else { n.to_string() })
     } else if dockerenv && (other_cgroup.is_some() || docker_root) {
         (
             "docker",
-            if docker_root {
-                "/.dockerenv + /proc/self/mountinfo".into()
-            } else {
-                format!("/.dockerenv + {}", other_cgroup.unwrap_or(""))
-            },
+            if docker_root { "/.dockerenv + /proc/self/mountinfo".into() } else { format!("/.dockerenv + {}", other_cgroup.unwrap_or("")) },
         )
     } else if env_container.as_deref() == Some("docker") {
         ("docker", "env container".into())
     } else if env_container.is_some() || other_cgroup.is_some() {
-        (
-            UNKNOWN,
-            "container evidence of an unclassified runtime".into(),
-        )
+        (UNKNOWN, "container evidence of an unclassified runtime".into())
     } else if cgroup_readable {
         if dockerenv {
-            evidence.push(
-                "/.dockerenv exists but no cgroup or mount evidence of docker: ignored".into(),
-            );
+            evidence.push("/.dockerenv exists but no cgroup or mount evidence of docker: ignored".into());
         }
-        (
-            "none",
-            "no container markers; /proc/1/cgroup shows no container runtime".into(),
-        )
+        ("none", "no container markers; /proc/1/cgroup shows no container runtime".into())
     } else {
-        (
-            UNKNOWN,
-            "no container markers, but /proc/*/cgroup not readable".into(),
-        )
+        (UNKNOWN, "no container markers, but /proc/*/cgroup not readable".into())
     };
 
     let mut out = vec![
         Field::new("container.type", kind, source),
         Field::new(
             "container.evidence",
-            if evidence.is_empty() {
-                "none".into()
-            } else {
-                evidence.join("; ")
-            },
+            if evidence.is_empty() { "none".into() } else { evidence.join("; ") },
             "derived (see container.type)",
         ),
     ];
@@ -231,13 +179,8 @@ fn containerenv_fields(ce: Option<&BTreeMap<String, String>>, in_container: bool
         .map(|k| {
             let key = format!("container.{k}");
             match ce {
-                Some(m) if m.contains_key(k) => {
-                    Field::new(key, m[k].clone(), format!("/run/.containerenv {k}="))
-                }
-                Some(_) => Field::unknown(
-                    key,
-                    format!("/run/.containerenv (no {k}=; podman fills it only with --privileged)"),
-                ),
+                Some(m) if m.contains_key(k) => Field::new(key, m[k].clone(), format!("/run/.containerenv {k}=")),
+                Some(_) => Field::unknown(key, format!("/run/.containerenv (no {k}=; podman fills it only with --privileged)")),
                 None if !in_container => Field::new(key, "none", "not in a container"),
                 None => Field::unknown(key, "/run/.containerenv (absent)"),
             }
@@ -246,39 +189,24 @@ fn containerenv_fields(ce: Option<&BTreeMap<String, String>>, in_container: bool
 }
 
 /// The image tag and labels: `/etc/civetta/image.json`, else `/run/.containerenv` image=.
-fn image_fields(
-    p: &Probe,
-    ce: Option<&BTreeMap<String, String>>,
-    in_container: bool,
-) -> Vec<Field> {
+fn image_fields(p: &Probe, ce: Option<&BTreeMap<String, String>>, in_container: bool) -> Vec<Field> {
     const SRC: &str = "/etc/civetta/image.json";
     let mut out = Vec::new();
     let json = match std::fs::read(p.root("etc/civetta/image.json")) {
         Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
             Ok(v) if v.is_object() => Some(v),
             Ok(_) => {
-                out.push(Field::unknown(
-                    "container.image_json",
-                    format!("{SRC} (not a JSON object)"),
-                ));
+                out.push(Field::unknown("container.image_json", format!("{SRC} (not a JSON object)")));
                 None
             }
             Err(e) => {
-                out.push(Field::unknown(
-                    "container.image_json",
-                    format!("{SRC} (invalid JSON: {e})"),
-                ));
+                out.push(Field::unknown("container.image_json", format!("{SRC} (invalid JSON: {e})")));
                 None
             }
         },
         Err(_) => None,
     };
-    let json_str = |k: &str| {
-        json.as_ref()
-            .and_then(|v| v.get(k))
-            .and_then(|v| v.as_str())
-            .filter(|s| !s.is_empty())
-    };
+    let json_str = |k: &str| json.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_str()).filter(|s| !s.is_empty());
     let ce_image = ce.and_then(|m| m.get("image")).filter(|s| !s.is_empty());
     out.insert(
         0,
@@ -287,10 +215,7 @@ fn image_fields(
         } else if let Some(img) = ce_image {
             Field::new("container.image", img.clone(), "/run/.containerenv image=")
         } else if in_container {
-            Field::unknown(
-                "container.image",
-                format!("{SRC} (absent) and /run/.containerenv has no image="),
-            )
+            Field::unknown("container.image", format!("{SRC} (absent) and /run/.containerenv has no image="))
         } else {
             Field::new("container.image", "none", "not in a container")
         },
@@ -298,25 +223,14 @@ fn image_fields(
     if let Some(v) = &json {
         for k in ["revision", "version", "created"] {
             if let Some(s) = json_str(k) {
-                out.push(Field::new(
-                    format!("container.image_{k}"),
-                    s,
-                    format!("{SRC} {k}"),
-                ));
+                out.push(Field::new(format!("container.image_{k}"), s, format!("{SRC} {k}")));
             }
         }
         if let Some(labels) = v.get("labels").and_then(|l| l.as_object()) {
             // serde_json's map is sorted by key, so the label order is stable.
             for (k, val) in labels {
-                let val = val
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| val.to_string());
-                out.push(Field::new(
-                    format!("container.label.{k}"),
-                    val,
-                    format!("{SRC} labels"),
-                ));
+                let val = val.as_str().map(str::to_string).unwrap_or_else(|| val.to_string());
+                out.push(Field::new(format!("container.label.{k}"), val, format!("{SRC} labels")));
             }
         }
     }
@@ -339,23 +253,11 @@ mod tests {
     #[test]
     fn cgroup_hints() {
         assert_eq!(cgroup_hint("0::/\n"), CgroupHint::Nothing);
-        assert_eq!(
-            cgroup_hint("4:memory:/process_api/8724de"),
-            CgroupHint::Nothing
-        );
-        assert_eq!(
-            cgroup_hint("0::/machine.slice/libpod-3f2a.scope"),
-            CgroupHint::Podman
-        );
+        assert_eq!(cgroup_hint("4:memory:/process_api/8724de"), CgroupHint::Nothing);
+        assert_eq!(cgroup_hint("0::/machine.slice/libpod-3f2a.scope"), CgroupHint::Podman);
         assert_eq!(cgroup_hint("12:pids:/docker/3f2a9c"), CgroupHint::Docker);
-        assert_eq!(
-            cgroup_hint("0::/system.slice/docker-3f2a.scope"),
-            CgroupHint::Docker
-        );
-        assert_eq!(
-            cgroup_hint("0::/kubepods/besteffort/pod1"),
-            CgroupHint::Other("kubepods".into())
-        );
+        assert_eq!(cgroup_hint("0::/system.slice/docker-3f2a.scope"), CgroupHint::Docker);
+        assert_eq!(cgroup_hint("0::/kubepods/besteffort/pod1"), CgroupHint::Other("kubepods".into()));
     }
 
     #[test]

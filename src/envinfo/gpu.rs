@@ -10,8 +10,7 @@ use super::{cmdline_params, list_dir, read_trimmed, Field, Probe};
 use std::collections::BTreeMap;
 
 pub(crate) fn is_card_name(name: &str) -> bool {
-    name.strip_prefix("card")
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    name.strip_prefix("card").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `gfx_target_version` (major*10000 + minor*100 + stepping) -> `gfx<major><minor:x><stepping:x>`:
@@ -20,11 +19,7 @@ pub(crate) fn gfx_arch(target_version: u32) -> Option<String> {
     if target_version == 0 {
         return None;
     }
-    let (major, minor, step) = (
-        target_version / 10000,
-        (target_version / 100) % 100,
-        target_version % 100,
-    );
+    let (major, minor, step) = (target_version / 10000, (target_version / 100) % 100, target_version % 100);
     Some(format!("gfx{major}{minor:x}{step:x}"))
 }
 
@@ -36,11 +31,7 @@ pub(crate) fn parse_dpm(text: &str) -> (Option<u32>, Option<(u32, u32)>) {
         let Some((_, rest)) = line.split_once(':') else {
             continue;
         };
-        let mhz = rest
-            .trim()
-            .trim_end_matches('*')
-            .trim()
-            .to_ascii_lowercase();
+        let mhz = rest.trim().trim_end_matches('*').trim().to_ascii_lowercase();
         let Ok(v) = mhz.trim_end_matches("mhz").trim().parse::<u32>() else {
             continue;
         };
@@ -49,20 +40,13 @@ pub(crate) fn parse_dpm(text: &str) -> (Option<u32>, Option<(u32, u32)>) {
             current = Some(v);
         }
     }
-    let range = levels
-        .iter()
-        .min()
-        .zip(levels.iter().max())
-        .map(|(a, b)| (*a, *b));
+    let range = levels.iter().min().zip(levels.iter().max()).map(|(a, b)| (*a, *b));
     (current, range)
 }
 
 /// A KFD topology node's `properties` file: `name value` lines.
 fn parse_properties(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
+    text.lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect()
 }
 
 struct KfdNode {
@@ -77,16 +61,11 @@ fn kfd_gpu_nodes(p: &Probe) -> Option<Vec<KfdNode>> {
         nodes
             .into_iter()
             .filter_map(|n| {
-                let text =
-                    read_trimmed(&p.sys(&format!("class/kfd/kfd/topology/nodes/{n}/properties")))?;
+                let text = read_trimmed(&p.sys(&format!("class/kfd/kfd/topology/nodes/{n}/properties")))?;
                 let props = parse_properties(&text);
                 let target = props.get("gfx_target_version")?.parse::<u32>().ok()?;
                 let arch = gfx_arch(target)?;
-                Some(KfdNode {
-                    node: n,
-                    props,
-                    arch,
-                })
+                Some(KfdNode { node: n, props, arch })
             })
             .collect(),
     )
@@ -96,11 +75,7 @@ fn kfd_gpu_nodes(p: &Probe) -> Option<Vec<KfdNode>> {
 fn pci_name(p: &Probe, vendor: &str, device: &str) -> Option<(String, String)> {
     let vendor = vendor.trim_start_matches("0x").to_ascii_lowercase();
     let device = device.trim_start_matches("0x").to_ascii_lowercase();
-    for rel in [
-        "usr/share/misc/pci.ids",
-        "usr/share/hwdata/pci.ids",
-        "usr/share/pci.ids",
-    ] {
+    for rel in ["usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids"] {
         let Ok(bytes) = std::fs::read(p.root(rel)) else {
             continue;
         };
@@ -111,9 +86,7 @@ fn pci_name(p: &Probe, vendor: &str, device: &str) -> Option<(String, String)> {
                 continue;
             }
             if !line.starts_with('\t') {
-                in_vendor = line
-                    .to_ascii_lowercase()
-                    .starts_with(&format!("{vendor}  "));
+                in_vendor = line.to_ascii_lowercase().starts_with(&format!("{vendor}  "));
             } else if in_vendor && !line.starts_with("\t\t") {
                 let l = line.trim_start();
                 if l.to_ascii_lowercase().starts_with(&format!("{device}  ")) {
@@ -128,8 +101,7 @@ fn pci_name(p: &Probe, vendor: &str, device: &str) -> Option<(String, String)> {
 
 pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let mut out = Vec::new();
-    let cards: Option<Vec<String>> =
-        list_dir(&p.sys("class/drm")).map(|v| v.into_iter().filter(|c| is_card_name(c)).collect());
+    let cards: Option<Vec<String>> = list_dir(&p.sys("class/drm")).map(|v| v.into_iter().filter(|c| is_card_name(c)).collect());
     let kfd = kfd_gpu_nodes(p);
     let mut kfd_used = vec![false; kfd.as_ref().map_or(0, Vec::len)];
     let mut archs: Vec<String> = Vec::new();
@@ -141,11 +113,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         let dev = |f: &str| p.sys(&format!("class/drm/{card}/device/{f}"));
         let src = |f: &str| format!("/sys/class/drm/{card}/device/{f}");
         let key = |k: &str| format!("gpu.{idx}.{k}");
-        out.push(Field::new(
-            key("card"),
-            card.clone(),
-            format!("/sys/class/drm/{card}"),
-        ));
+        out.push(Field::new(key("card"), card.clone(), format!("/sys/class/drm/{card}")));
 
         let vendor = read_trimmed(&dev("vendor"));
         let device_id = read_trimmed(&dev("device"));
@@ -158,98 +126,40 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         });
         out.push(match &device_id {
             Some(d) => Field::new(key("device_id"), d.clone(), src("device")),
-            None => Field::unknown(
-                key("device_id"),
-                format!("{} (not readable)", src("device")),
-            ),
+            None => Field::unknown(key("device_id"), format!("{} (not readable)", src("device"))),
         });
-        out.push(gpu_name(
-            p,
-            card,
-            vendor.as_deref(),
-            device_id.as_deref(),
-            &key("name"),
-        ));
+        out.push(gpu_name(p, card, vendor.as_deref(), device_id.as_deref(), &key("name")));
         out.push(driver_field(p, card, &key("driver")));
 
-        let (current, range) = read_trimmed(&dev("pp_dpm_sclk"))
-            .map(|t| parse_dpm(&t))
-            .unwrap_or((None, None));
+        let (current, range) = read_trimmed(&dev("pp_dpm_sclk")).map(|t| parse_dpm(&t)).unwrap_or((None, None));
         out.push(match current {
-            Some(c) => Field::new(
-                key("sclk_mhz"),
-                c.to_string(),
-                format!("{} (line marked *)", src("pp_dpm_sclk")),
-            ),
-            None => Field::unknown(
-                key("sclk_mhz"),
-                format!("{} (not readable or no current level)", src("pp_dpm_sclk")),
-            ),
+            Some(c) => Field::new(key("sclk_mhz"), c.to_string(), format!("{} (line marked *)", src("pp_dpm_sclk"))),
+            None => Field::unknown(key("sclk_mhz"), format!("{} (not readable or no current level)", src("pp_dpm_sclk"))),
         });
         out.push(match range {
-            Some((lo, hi)) => Field::new(
-                key("sclk_range_mhz"),
-                format!("{lo}-{hi}"),
-                src("pp_dpm_sclk"),
-            ),
-            None => Field::unknown(
-                key("sclk_range_mhz"),
-                format!("{} (not readable)", src("pp_dpm_sclk")),
-            ),
+            Some((lo, hi)) => Field::new(key("sclk_range_mhz"), format!("{lo}-{hi}"), src("pp_dpm_sclk")),
+            None => Field::unknown(key("sclk_range_mhz"), format!("{} (not readable)", src("pp_dpm_sclk"))),
         });
-        for (file, name) in [
-            ("mem_info_vram_total", "vram_total_bytes"),
-            ("mem_info_gtt_total", "gtt_total_bytes"),
-        ] {
-            out.push(
-                match read_trimmed(&dev(file)).filter(|v| v.parse::<u64>().is_ok()) {
-                    Some(v) => Field::new(key(name), v, src(file)),
-                    None => Field::unknown(key(name), format!("{} (not readable)", src(file))),
-                },
-            );
+        for (file, name) in [("mem_info_vram_total", "vram_total_bytes"), ("mem_info_gtt_total", "gtt_total_bytes")] {
+            out.push(match read_trimmed(&dev(file)).filter(|v| v.parse::<u64>().is_ok()) {
+                Some(v) => Field::new(key(name), v, src(file)),
+                None => Field::unknown(key(name), format!("{} (not readable)", src(file))),
+            });
         }
-        out.push(
-            match read_trimmed(&dev("power_dpm_force_performance_level")) {
-                Some(v) if !v.is_empty() => Field::new(
-                    key("perf_level"),
-                    v,
-                    src("power_dpm_force_performance_level"),
-                ),
-                _ => Field::unknown(
-                    key("perf_level"),
-                    format!(
-                        "{} (not readable)",
-                        src("power_dpm_force_performance_level")
-                    ),
-                ),
-            },
-        );
+        out.push(match read_trimmed(&dev("power_dpm_force_performance_level")) {
+            Some(v) if !v.is_empty() => Field::new(key("perf_level"), v, src("power_dpm_force_performance_level")),
+            _ => Field::unknown(key("perf_level"), format!("{} (not readable)", src("power_dpm_force_performance_level"))),
+        });
 
         // The KFD node of this card.
-        let render_minors: Vec<String> = list_dir(&dev("drm"))
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|e| e.strip_prefix("renderD").map(str::to_string))
-            .collect();
+        let render_minors: Vec<String> =
+            list_dir(&dev("drm")).unwrap_or_default().into_iter().filter_map(|e| e.strip_prefix("renderD").map(str::to_string)).collect();
         let matched = kfd.as_ref().and_then(|nodes| {
-            let by_minor = nodes.iter().position(|n| {
-                n.props
-                    .get("drm_render_minor")
-                    .is_some_and(|m| render_minors.contains(m))
-            });
+            let by_minor = nodes.iter().position(|n| n.props.get("drm_render_minor").is_some_and(|m| render_minors.contains(m)));
             by_minor.or_else(|| {
-                let id = device_id
-                    .as_deref()
-                    .and_then(|d| u32::from_str_radix(d.trim_start_matches("0x"), 16).ok())?;
-                let same: Vec<usize> = (0..nodes.len())
-                    .filter(|&i| {
-                        nodes[i]
-                            .props
-                            .get("device_id")
-                            .and_then(|v| v.parse::<u32>().ok())
-                            == Some(id)
-                    })
-                    .collect();
+                let id = device_id.as_deref().and_then(|d| u32::from_str_radix(d.trim_start_matches("0x"), 16).ok())?;
+                let same: Vec<usize> =
+                    (0..nodes.len()).filter(|&i| nodes[i].props.get("device_id").and_then(|v| v.parse::<u32>().ok()) == Some(id)).collect();
                 (same.len() == 1).then(|| same[0])
             })
         });
@@ -261,11 +171,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
             }
             _ => out.push(Field::unknown(
                 key("arch"),
-                if kfd.is_some() {
-                    "no KFD topology node matches this card"
-                } else {
-                    "/sys/class/kfd/kfd/topology/nodes (not readable)"
-                },
+                if kfd.is_some() { "no KFD topology node matches this card" } else { "/sys/class/kfd/kfd/topology/nodes (not readable)" },
             )),
         }
     }
@@ -284,11 +190,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     out.insert(
         0,
         if cards.is_some() || kfd.is_some() {
-            Field::new(
-                "gpu.count",
-                count.to_string(),
-                "/sys/class/drm/card*, /sys/class/kfd/kfd/topology/nodes",
-            )
+            Field::new("gpu.count", count.to_string(), "/sys/class/drm/card*, /sys/class/kfd/kfd/topology/nodes")
         } else if sys_class_readable {
             Field::new("gpu.count", "0", "/sys/class (no drm or kfd class)")
         } else {
@@ -302,19 +204,11 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         }
     }
     let arch_field = if !distinct.is_empty() {
-        Field::new(
-            "gpu.arch",
-            distinct.join(","),
-            "/sys/class/kfd/kfd/topology/nodes/*/properties gfx_target_version",
-        )
+        Field::new("gpu.arch", distinct.join(","), "/sys/class/kfd/kfd/topology/nodes/*/properties gfx_target_version")
     } else if count > 0 {
         Field::unknown("gpu.arch", "no KFD topology node for the GPUs found")
     } else if sys_class_readable {
-        Field::new(
-            "gpu.arch",
-            "none",
-            "no GPU in /sys/class/drm or /sys/class/kfd",
-        )
+        Field::new("gpu.arch", "none", "no GPU in /sys/class/drm or /sys/class/kfd")
     } else {
         Field::unknown("gpu.arch", "/sys/class (not readable)")
     };
@@ -327,15 +221,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     out.push(match list_dir(&p.root("dev/dri")) {
         Some(e) => {
             let render: Vec<String> = e.into_iter().filter(|n| n.starts_with("renderD")).collect();
-            Field::new(
-                "gpu.dev_dri_render",
-                if render.is_empty() {
-                    "none".into()
-                } else {
-                    render.join(",")
-                },
-                "/dev/dri",
-            )
+            Field::new("gpu.dev_dri_render", if render.is_empty() { "none".into() } else { render.join(",") }, "/dev/dri")
         }
         None => Field::new("gpu.dev_dri_render", "absent", "/dev/dri"),
     });
@@ -344,22 +230,13 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
 }
 
 fn gpu_name(p: &Probe, card: &str, vendor: Option<&str>, device: Option<&str>, key: &str) -> Field {
-    if let Some(name) = read_trimmed(&p.sys(&format!("class/drm/{card}/device/product_name")))
-        .filter(|n| !n.is_empty())
-    {
-        return Field::new(
-            key,
-            name,
-            format!("/sys/class/drm/{card}/device/product_name"),
-        );
+    if let Some(name) = read_trimmed(&p.sys(&format!("class/drm/{card}/device/product_name"))).filter(|n| !n.is_empty()) {
+        return Field::new(key, name, format!("/sys/class/drm/{card}/device/product_name"));
     }
     match (vendor, device) {
         (Some(v), Some(d)) => match pci_name(p, v, d) {
             Some((name, src)) => Field::new(key, name, format!("{src} ({v}:{d})")),
-            None => Field::unknown(
-                key,
-                format!("no product_name and no pci.ids entry for {v}:{d}"),
-            ),
+            None => Field::unknown(key, format!("no product_name and no pci.ids entry for {v}:{d}")),
         },
         _ => Field::unknown(key, "vendor/device id not readable"),
     }
@@ -369,27 +246,13 @@ fn gpu_name(p: &Probe, card: &str, vendor: Option<&str>, device: Option<&str>, k
 fn driver_field(p: &Probe, card: &str, key: &str) -> Field {
     if let Ok(target) = std::fs::read_link(p.sys(&format!("class/drm/{card}/device/driver"))) {
         if let Some(name) = target.file_name() {
-            return Field::new(
-                key,
-                name.to_string_lossy(),
-                format!("/sys/class/drm/{card}/device/driver (symlink)"),
-            );
+            return Field::new(key, name.to_string_lossy(), format!("/sys/class/drm/{card}/device/driver (symlink)"));
         }
     }
     let uevent = read_trimmed(&p.sys(&format!("class/drm/{card}/device/uevent")));
-    match uevent
-        .as_deref()
-        .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DRIVER=")))
-    {
-        Some(d) => Field::new(
-            key,
-            d,
-            format!("/sys/class/drm/{card}/device/uevent DRIVER="),
-        ),
-        None => Field::unknown(
-            key,
-            format!("/sys/class/drm/{card}/device/driver (not readable)"),
-        ),
+    match uevent.as_deref().and_then(|u| u.lines().find_map(|l| l.strip_prefix("DRIVER="))) {
+        Some(d) => Field::new(key, d, format!("/sys/class/drm/{card}/device/uevent DRIVER=")),
+        None => Field::unknown(key, format!("/sys/class/drm/{card}/device/driver (not readable)")),
     }
 }
 
@@ -404,35 +267,16 @@ fn kfd_fields(node: &KfdNode, idx: usize) -> Vec<Field> {
         .props
         .get("simd_count")
         .and_then(|s| s.parse::<u32>().ok())
-        .zip(
-            node.props
-                .get("simd_per_cu")
-                .and_then(|s| s.parse::<u32>().ok())
-                .filter(|&n| n > 0),
-        )
+        .zip(node.props.get("simd_per_cu").and_then(|s| s.parse::<u32>().ok()).filter(|&n| n > 0))
         .map(|(s, per)| s / per);
     vec![
-        Field::new(
-            key("arch"),
-            node.arch.clone(),
-            format!(
-                "{src} gfx_target_version={}",
-                node.props["gfx_target_version"]
-            ),
-        ),
+        Field::new(key("arch"), node.arch.clone(), format!("{src} gfx_target_version={}", node.props["gfx_target_version"])),
         Field::new(key("kfd_node"), node.node.clone(), src.clone()),
         prop("simd_count", "simd_count"),
         prop("array_count", "array_count"),
         match cus {
-            Some(c) => Field::new(
-                key("compute_units"),
-                c.to_string(),
-                format!("{src} simd_count / simd_per_cu"),
-            ),
-            None => Field::unknown(
-                key("compute_units"),
-                format!("{src} (no simd_count or simd_per_cu)"),
-            ),
+            Some(c) => Field::new(key("compute_units"), c.to_string(), format!("{src} simd_count / simd_per_cu")),
+            None => Field::unknown(key("compute_units"), format!("{src} (no simd_count or simd_per_cu)")),
         },
     ]
 }
@@ -442,32 +286,21 @@ fn kfd_fields(node: &KfdNode, idx: usize) -> Vec<Field> {
 fn kernel_params(p: &Probe) -> Vec<Field> {
     let mut out = Vec::new();
     let params = p.cmdline.as_deref().map(cmdline_params).unwrap_or_default();
-    for (module, param) in [
-        ("amdgpu", "gttsize"),
-        ("ttm", "pages_limit"),
-        ("ttm", "page_pool_size"),
-    ] {
+    for (module, param) in [("amdgpu", "gttsize"), ("ttm", "pages_limit"), ("ttm", "page_pool_size")] {
         let sys_src = format!("/sys/module/{module}/parameters/{param}");
-        out.push(
-            match read_trimmed(&p.sys(&format!("module/{module}/parameters/{param}"))) {
-                Some(v) => Field::new(format!("kparam.{module}.{param}"), v, sys_src),
-                None => Field::unknown(
-                    format!("kparam.{module}.{param}"),
-                    format!("{sys_src} (absent: module not loaded or no such parameter)"),
-                ),
-            },
-        );
+        out.push(match read_trimmed(&p.sys(&format!("module/{module}/parameters/{param}"))) {
+            Some(v) => Field::new(format!("kparam.{module}.{param}"), v, sys_src),
+            None => {
+                Field::unknown(format!("kparam.{module}.{param}"), format!("{sys_src} (absent: module not loaded or no such parameter)"))
+            }
+        });
         let name = format!("{module}.{param}");
         let key = format!("kparam.{module}.{param}.cmdline");
-        out.push(
-            match (&p.cmdline, params.iter().rev().find(|(k, _)| *k == name)) {
-                (None, _) => Field::unknown(key, "/proc/cmdline (not readable)"),
-                (Some(_), Some((_, v))) => Field::new(key, *v, format!("/proc/cmdline {name}=")),
-                (Some(_), None) => {
-                    Field::new(key, "not set", format!("/proc/cmdline (no {name}=)"))
-                }
-            },
-        );
+        out.push(match (&p.cmdline, params.iter().rev().find(|(k, _)| *k == name)) {
+            (None, _) => Field::unknown(key, "/proc/cmdline (not readable)"),
+            (Some(_), Some((_, v))) => Field::new(key, *v, format!("/proc/cmdline {name}=")),
+            (Some(_), None) => Field::new(key, "not set", format!("/proc/cmdline (no {name}=)")),
+        });
     }
     out
 }

@@ -5,29 +5,15 @@ use std::collections::BTreeSet;
 
 pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let mut out = Vec::new();
-    out.push(file_field(
-        p.proc("sys/kernel/osrelease"),
-        "host.kernel_release",
-        "/proc/sys/kernel/osrelease",
-    ));
+    out.push(file_field(p.proc("sys/kernel/osrelease"), "host.kernel_release", "/proc/sys/kernel/osrelease"));
     out.push(match &p.cmdline {
         Some(c) => Field::new("host.cmdline", c.clone(), "/proc/cmdline"),
         None => Field::unknown("host.cmdline", "/proc/cmdline (not readable)"),
     });
-    out.push(os_field(
-        p,
-        "etc/os-release",
-        "host.os",
-        "/etc/os-release PRETTY_NAME",
-    ));
+    out.push(os_field(p, "etc/os-release", "host.os", "/etc/os-release PRETTY_NAME"));
     // Inside toolbox/distrobox the host's root is mounted at /run/host: the OS outside.
     if p.run("host/etc/os-release").exists() {
-        out.push(os_field(
-            p,
-            "run/host/etc/os-release",
-            "host.outer_os",
-            "/run/host/etc/os-release PRETTY_NAME",
-        ));
+        out.push(os_field(p, "run/host/etc/os-release", "host.outer_os", "/run/host/etc/os-release PRETTY_NAME"));
     }
     out.extend(cpu_fields(p));
     out.push(memory_field(p));
@@ -36,11 +22,7 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         "host.governor",
         "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
     ));
-    out.push(file_field(
-        p.sys("firmware/acpi/platform_profile"),
-        "host.power_profile",
-        "/sys/firmware/acpi/platform_profile",
-    ));
+    out.push(file_field(p.sys("firmware/acpi/platform_profile"), "host.power_profile", "/sys/firmware/acpi/platform_profile"));
     out
 }
 
@@ -54,9 +36,7 @@ fn file_field(path: std::path::PathBuf, key: &str, source: &str) -> Field {
 
 fn os_field(p: &Probe, rel: &str, key: &str, source: &str) -> Field {
     let text = read_trimmed(&p.root(rel));
-    let pretty = text
-        .as_deref()
-        .and_then(|t| os_release_value(t, "PRETTY_NAME"));
+    let pretty = text.as_deref().and_then(|t| os_release_value(t, "PRETTY_NAME"));
     match pretty {
         Some(v) => Field::new(key, v, source),
         None => Field::unknown(key, format!("{source} (not readable or no PRETTY_NAME)")),
@@ -77,10 +57,7 @@ fn cpu_fields(p: &Probe) -> Vec<Field> {
     let mut out = Vec::new();
     let Some(info) = read_trimmed(&p.proc("cpuinfo")) else {
         out.push(Field::unknown("cpu.model", "/proc/cpuinfo (not readable)"));
-        out.push(Field::unknown(
-            "cpu.logical_cpus",
-            "/proc/cpuinfo (not readable)",
-        ));
+        out.push(Field::unknown("cpu.logical_cpus", "/proc/cpuinfo (not readable)"));
         out.push(Field::unknown("cpu.cores", "/proc/cpuinfo (not readable)"));
         out.push(simd_field());
         return out;
@@ -112,22 +89,14 @@ fn cpu_fields(p: &Probe) -> Vec<Field> {
         _ => Field::unknown("cpu.model", format!("{SRC} (no model name)")),
     });
     out.push(if logical > 0 {
-        Field::new(
-            "cpu.logical_cpus",
-            logical.to_string(),
-            format!("{SRC} processor entries"),
-        )
+        Field::new("cpu.logical_cpus", logical.to_string(), format!("{SRC} processor entries"))
     } else {
         Field::unknown("cpu.logical_cpus", format!("{SRC} (no processor entries)"))
     });
     out.push(if cores.is_empty() {
         Field::unknown("cpu.cores", format!("{SRC} (no core id entries)"))
     } else {
-        Field::new(
-            "cpu.cores",
-            cores.len().to_string(),
-            format!("{SRC} distinct (physical id, core id)"),
-        )
+        Field::new("cpu.cores", cores.len().to_string(), format!("{SRC} distinct (physical id, core id)"))
     });
     out.push(simd_field());
     out
@@ -138,25 +107,14 @@ fn cpu_fields(p: &Probe) -> Vec<Field> {
 fn simd_field() -> Field {
     // TODO(quant): use `crate::quant::simd_level()` once src/quant exports it, so this always
     // names what the CPU backend actually dispatches to.
-    Field::new(
-        "cpu.simd",
-        local_simd_level(),
-        "runtime: is_x86_feature_detected",
-    )
+    Field::new("cpu.simd", local_simd_level(), "runtime: is_x86_feature_detected")
 }
 
 fn local_simd_level() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-        {
-            return if is_x86_feature_detected!("avx512vnni") {
-                "avx512vnni"
-            } else {
-                "avx512"
-            };
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") {
+            return if is_x86_feature_detected!("avx512vnni") { "avx512vnni" } else { "avx512" };
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             return "avx2";
@@ -178,10 +136,8 @@ fn memory_field(p: &Probe) -> Field {
     let Some(text) = read_trimmed(&p.proc("meminfo")) else {
         return Field::unknown(KEY, "/proc/meminfo (not readable)");
     };
-    let kib = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let kib =
+        text.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
     match kib {
         Some(k) => Field::new(KEY, (k * 1024).to_string(), "/proc/meminfo MemTotal"),
         None => Field::unknown(KEY, "/proc/meminfo (no MemTotal)"),
@@ -194,12 +150,8 @@ mod tests {
 
     #[test]
     fn os_release_quoting() {
-        let t =
-            "NAME=\"Fedora Linux\"\nPRETTY_NAME='Fedora Linux 43 (Workstation Edition)'\nID=fedora";
-        assert_eq!(
-            os_release_value(t, "PRETTY_NAME").as_deref(),
-            Some("Fedora Linux 43 (Workstation Edition)")
-        );
+        let t = "NAME=\"Fedora Linux\"\nPRETTY_NAME='Fedora Linux 43 (Workstation Edition)'\nID=fedora";
+        assert_eq!(os_release_value(t, "PRETTY_NAME").as_deref(), Some("Fedora Linux 43 (Workstation Edition)"));
         assert_eq!(os_release_value(t, "ID").as_deref(), Some("fedora"));
         assert_eq!(os_release_value(t, "VERSION_ID"), None);
     }

@@ -76,14 +76,7 @@ pub(crate) fn mode_from_cmdline(cmdline: &str) -> Option<(Mode, String)> {
 /// Domain types of the IOMMU groups: (group number, type) for each group with a readable type.
 fn group_types(p: &Probe) -> Option<Vec<(String, String)>> {
     let groups = list_dir(&p.sys("kernel/iommu_groups"))?;
-    Some(
-        groups
-            .into_iter()
-            .filter_map(|g| {
-                read_trimmed(&p.sys(&format!("kernel/iommu_groups/{g}/type"))).map(|t| (g, t))
-            })
-            .collect(),
-    )
+    Some(groups.into_iter().filter_map(|g| read_trimmed(&p.sys(&format!("kernel/iommu_groups/{g}/type"))).map(|t| (g, t))).collect())
 }
 
 /// The IOMMU group of each DRM card, e.g. ("card1", "12").
@@ -93,8 +86,7 @@ fn gpu_groups(p: &Probe) -> Vec<(String, String)> {
         .into_iter()
         .filter(|c| super::gpu::is_card_name(c))
         .filter_map(|c| {
-            let link =
-                std::fs::read_link(p.sys(&format!("class/drm/{c}/device/iommu_group"))).ok()?;
+            let link = std::fs::read_link(p.sys(&format!("class/drm/{c}/device/iommu_group"))).ok()?;
             let group = link.file_name()?.to_string_lossy().into_owned();
             Some((c, group))
         })
@@ -113,37 +105,19 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let groups_listing = list_dir(&p.sys("kernel/iommu_groups"));
     let types = group_types(p);
     out.push(match &groups_listing {
-        Some(g) => Field::new(
-            "iommu.group_count",
-            g.len().to_string(),
-            "/sys/kernel/iommu_groups",
-        ),
-        None => Field::unknown(
-            "iommu.group_count",
-            "/sys/kernel/iommu_groups (not readable)",
-        ),
+        Some(g) => Field::new("iommu.group_count", g.len().to_string(), "/sys/kernel/iommu_groups"),
+        None => Field::unknown("iommu.group_count", "/sys/kernel/iommu_groups (not readable)"),
     });
     let mut type_counts: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, t) in types.iter().flatten() {
         *type_counts.entry(t.as_str()).or_default() += 1;
     }
     out.push(match (&types, type_counts.is_empty()) {
-        (None, _) => Field::unknown(
-            "iommu.domain_types",
-            "/sys/kernel/iommu_groups/*/type (not readable)",
-        ),
-        (Some(_), true) => Field::new(
-            "iommu.domain_types",
-            "none",
-            "/sys/kernel/iommu_groups/*/type (no groups)",
-        ),
+        (None, _) => Field::unknown("iommu.domain_types", "/sys/kernel/iommu_groups/*/type (not readable)"),
+        (Some(_), true) => Field::new("iommu.domain_types", "none", "/sys/kernel/iommu_groups/*/type (no groups)"),
         (Some(_), false) => Field::new(
             "iommu.domain_types",
-            type_counts
-                .iter()
-                .map(|(t, n)| format!("{t}:{n}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            type_counts.iter().map(|(t, n)| format!("{t}:{n}")).collect::<Vec<_>>().join(","),
             "/sys/kernel/iommu_groups/*/type",
         ),
     });
@@ -151,29 +125,13 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     let cmdline_mode = p.cmdline.as_deref().and_then(mode_from_cmdline);
     out.push(match (&p.cmdline, &cmdline_mode) {
         (None, _) => Field::unknown("iommu.cmdline", "/proc/cmdline (not readable)"),
-        (Some(_), None) => Field::new(
-            "iommu.cmdline",
-            "none",
-            "/proc/cmdline (no IOMMU parameters)",
-        ),
-        (Some(_), Some((_, tokens))) => {
-            Field::new("iommu.cmdline", tokens.clone(), "/proc/cmdline")
-        }
+        (Some(_), None) => Field::new("iommu.cmdline", "none", "/proc/cmdline (no IOMMU parameters)"),
+        (Some(_), Some((_, tokens))) => Field::new("iommu.cmdline", tokens.clone(), "/proc/cmdline"),
     });
 
-    let (mode, source, evidence) = decide(
-        p,
-        &hardware,
-        &groups_listing,
-        types.as_deref().unwrap_or(&[]),
-        &cmdline_mode,
-    );
+    let (mode, source, evidence) = decide(p, &hardware, &groups_listing, types.as_deref().unwrap_or(&[]), &cmdline_mode);
     out.push(Field::new("iommu.mode", mode.as_str(), source));
-    out.push(Field::new(
-        "iommu.evidence",
-        evidence,
-        "derived (see iommu.mode)",
-    ));
+    out.push(Field::new("iommu.evidence", evidence, "derived (see iommu.mode)"));
     out
 }
 
@@ -198,27 +156,16 @@ fn decide(
         }
     }
     // 1b. All counted groups agree.
-    let modes: Vec<(Mode, &str)> = types
-        .iter()
-        .filter_map(|(_, t)| Mode::from_domain_type(t).map(|m| (m, t.as_str())))
-        .collect();
+    let modes: Vec<(Mode, &str)> = types.iter().filter_map(|(_, t)| Mode::from_domain_type(t).map(|m| (m, t.as_str()))).collect();
     let mixed = modes.iter().any(|(m, _)| *m != modes[0].0);
     if !modes.is_empty() && !mixed {
         return (
             modes[0].0,
             "/sys/kernel/iommu_groups/*/type".to_string(),
-            format!(
-                "all {} IOMMU groups with a DMA domain have type {}",
-                modes.len(),
-                modes[0].1
-            ),
+            format!("all {} IOMMU groups with a DMA domain have type {}", modes.len(), modes[0].1),
         );
     }
-    let mixed_note = if mixed {
-        "IOMMU groups mix identity and DMA domains and the GPU's group is not known; "
-    } else {
-        ""
-    };
+    let mixed_note = if mixed { "IOMMU groups mix identity and DMA domains and the GPU's group is not known; " } else { "" };
     // 2. Nothing registered with the kernel.
     if matches!(hardware, Some(h) if h.is_empty()) && matches!(groups, Some(g) if g.is_empty()) {
         return (
@@ -229,11 +176,7 @@ fn decide(
     }
     // 3. The command line.
     if let Some((mode, tokens)) = cmdline_mode {
-        return (
-            *mode,
-            "/proc/cmdline".to_string(),
-            format!("{mixed_note}kernel command line: {tokens}"),
-        );
+        return (*mode, "/proc/cmdline".to_string(), format!("{mixed_note}kernel command line: {tokens}"));
     }
     // 4. Unknown.
     let seen = match hardware {

@@ -52,16 +52,8 @@ pub struct Field {
 }
 
 impl Field {
-    pub fn new(
-        key: impl Into<String>,
-        value: impl Into<String>,
-        source: impl Into<String>,
-    ) -> Self {
-        Field {
-            key: key.into(),
-            value: value.into(),
-            source: source.into(),
-        }
+    pub fn new(key: impl Into<String>, value: impl Into<String>, source: impl Into<String>) -> Self {
+        Field { key: key.into(), value: value.into(), source: source.into() }
     }
 
     pub fn unknown(key: impl Into<String>, source: impl Into<String>) -> Self {
@@ -82,23 +74,13 @@ pub struct EnvRoots {
 impl EnvRoots {
     /// The real system: `/sys`, `/proc`, `/run`, `/`.
     pub fn system() -> Self {
-        EnvRoots {
-            sys: "/sys".into(),
-            proc: "/proc".into(),
-            run: "/run".into(),
-            root: "/".into(),
-        }
+        EnvRoots { sys: "/sys".into(), proc: "/proc".into(), run: "/run".into(), root: "/".into() }
     }
 
     /// A fixture tree laid out like a root file system: `dir/sys`, `dir/proc`, `dir/run`, `dir`.
     pub fn under(dir: impl AsRef<Path>) -> Self {
         let dir = dir.as_ref();
-        EnvRoots {
-            sys: dir.join("sys"),
-            proc: dir.join("proc"),
-            run: dir.join("run"),
-            root: dir.to_path_buf(),
-        }
+        EnvRoots { sys: dir.join("sys"), proc: dir.join("proc"), run: dir.join("run"), root: dir.to_path_buf() }
     }
 
     /// True when these are the real system trees (then sources name real paths).
@@ -184,18 +166,13 @@ impl Probe<'_> {
         self.roots.root.join(rel)
     }
     pub fn env(&self, name: &str) -> Option<&str> {
-        self.env
-            .get(name)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
+        self.env.get(name).map(String::as_str).filter(|v| !v.is_empty())
     }
 }
 
 /// Reads a small text file, trimmed; `None` when missing or unreadable.
 pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read(path)
-        .ok()
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+    std::fs::read(path).ok().map(|b| String::from_utf8_lossy(&b).trim().to_string())
 }
 
 /// Names of the entries of a directory, sorted naturally; `None` when it cannot be listed.
@@ -272,15 +249,8 @@ pub struct Fingerprint {
 
 /// Reads the whole fingerprint. Never fails: what cannot be read is `unknown`.
 pub fn collect(opts: &CollectOptions) -> Fingerprint {
-    let env = opts
-        .env_vars
-        .clone()
-        .unwrap_or_else(|| std::env::vars().collect());
-    let mut probe = Probe {
-        roots: &opts.roots,
-        env,
-        cmdline: None,
-    };
+    let env = opts.env_vars.clone().unwrap_or_else(|| std::env::vars().collect());
+    let mut probe = Probe { roots: &opts.roots, env, cmdline: None };
     probe.cmdline = read_trimmed(&probe.proc("cmdline"));
 
     let mut fields = Vec::new();
@@ -296,13 +266,7 @@ pub fn collect(opts: &CollectOptions) -> Fingerprint {
 impl Fingerprint {
     /// Builds the typed summary from the fields.
     pub fn from_fields(fields: Vec<Field>) -> Self {
-        let get = |k: &str| {
-            fields
-                .iter()
-                .find(|f| f.key == k)
-                .map_or(UNKNOWN, |f| f.value.as_str())
-                .to_string()
-        };
+        let get = |k: &str| fields.iter().find(|f| f.key == k).map_or(UNKNOWN, |f| f.value.as_str()).to_string();
         let hip = get("toolchain.hip_runtime");
         Fingerprint {
             schema: SCHEMA,
@@ -310,11 +274,7 @@ impl Fingerprint {
             git_sha: get("civetta.git_sha"),
             backend: get("toolchain.backend"),
             kernel_compiler: short_compiler_name(&get("toolchain.kernel_compiler")),
-            rocm: if hip != UNKNOWN {
-                hip
-            } else {
-                get("toolchain.rocm_installed")
-            },
+            rocm: if hip != UNKNOWN { hip } else { get("toolchain.rocm_installed") },
             iommu_mode: get("iommu.mode"),
             container: get("container.type"),
             image: get("container.image"),
@@ -328,10 +288,7 @@ impl Fingerprint {
 
     /// The value of a field, if present.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|f| f.key == key)
-            .map(|f| f.value.as_str())
+        self.fields.iter().find(|f| f.key == key).map(|f| f.value.as_str())
     }
 
     /// The whole field, if present.
@@ -341,31 +298,13 @@ impl Fingerprint {
 
     /// An aligned table: `key  value  (source)`, one field a line.
     pub fn render_text(&self) -> String {
-        let key_w = self
-            .fields
-            .iter()
-            .map(|f| f.key.chars().count())
-            .max()
-            .unwrap_or(0);
+        let key_w = self.fields.iter().map(|f| f.key.chars().count()).max().unwrap_or(0);
         // Very long values (the command line) would push every source off screen.
-        let val_w = self
-            .fields
-            .iter()
-            .map(|f| f.value.chars().count())
-            .filter(|&n| n <= 48)
-            .max()
-            .unwrap_or(0);
+        let val_w = self.fields.iter().map(|f| f.value.chars().count()).filter(|&n| n <= 48).max().unwrap_or(0);
         let mut out = String::new();
         for f in &self.fields {
-            let value = if f.value.is_empty() {
-                "\"\""
-            } else {
-                f.value.as_str()
-            };
-            out.push_str(&format!(
-                "{:key_w$}  {:val_w$}  ({})\n",
-                f.key, value, f.source
-            ));
+            let value = if f.value.is_empty() { "\"\"" } else { f.value.as_str() };
+            out.push_str(&format!("{:key_w$}  {:val_w$}  ({})\n", f.key, value, f.source));
         }
         out
     }
@@ -377,19 +316,11 @@ impl Fingerprint {
     /// Parses what [`Fingerprint::to_json`] wrote; the summary is rebuilt from the fields
     /// when a writer left it out.
     pub fn from_json(value: &serde_json::Value) -> anyhow::Result<Self> {
-        let fp: Fingerprint = serde_json::from_value(value.clone())
-            .map_err(|e| anyhow::anyhow!("not an environment fingerprint: {e}"))?;
+        let fp: Fingerprint = serde_json::from_value(value.clone()).map_err(|e| anyhow::anyhow!("not an environment fingerprint: {e}"))?;
         if fp.schema != SCHEMA {
-            anyhow::bail!(
-                "environment fingerprint schema {} is not supported (this build reads {SCHEMA})",
-                fp.schema
-            );
+            anyhow::bail!("environment fingerprint schema {} is not supported (this build reads {SCHEMA})", fp.schema);
         }
-        Ok(if fp.version.is_empty() {
-            Fingerprint::from_fields(fp.fields)
-        } else {
-            fp
-        })
+        Ok(if fp.version.is_empty() { Fingerprint::from_fields(fp.fields) } else { fp })
     }
 
     /// Fields that differ between two fingerprints, ordered most relevant first (kernel
@@ -428,16 +359,7 @@ impl Fingerprint {
             ("image", &self.image),
         ]
         .into_iter()
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                if v.is_empty() {
-                    UNKNOWN.to_string()
-                } else {
-                    v.clone()
-                },
-            )
-        })
+        .map(|(k, v)| (k.to_string(), if v.is_empty() { UNKNOWN.to_string() } else { v.clone() }))
         .collect()
     }
 
@@ -447,10 +369,7 @@ impl Fingerprint {
         let labels = self.info_labels();
         let names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
         let gauge = prometheus::IntGaugeVec::new(
-            prometheus::Opts::new(
-                "civetta_environment_info",
-                "Environment fingerprint of this process (value is always 1)",
-            ),
+            prometheus::Opts::new("civetta_environment_info", "Environment fingerprint of this process (value is always 1)"),
             &names,
         )?;
         let values: Vec<&str> = labels.iter().map(|(_, v)| v.as_str()).collect();
@@ -464,11 +383,7 @@ impl Fingerprint {
             fields: self
                 .fields
                 .iter()
-                .map(|f| crate::proto::EnvField {
-                    key: f.key.clone(),
-                    value: f.value.clone(),
-                    source: f.source.clone(),
-                })
+                .map(|f| crate::proto::EnvField { key: f.key.clone(), value: f.value.clone(), source: f.source.clone() })
                 .collect(),
             json: self.to_json().to_string(),
         }
@@ -513,10 +428,7 @@ fn diff_rank(key: &str) -> usize {
         "toolchain.**",
         "civetta.**",
     ];
-    ORDER
-        .iter()
-        .position(|p| key_matches(p, key))
-        .unwrap_or(ORDER.len())
+    ORDER.iter().position(|p| key_matches(p, key)).unwrap_or(ORDER.len())
 }
 
 fn key_matches(pattern: &str, key: &str) -> bool {

@@ -20,11 +20,7 @@ pub fn set_runtime_version(version: impl Into<String>, source: impl Into<String>
 pub fn short_compiler_name(full: &str) -> String {
     full.split("; ")
         .map(|one| match one.split_once(" version ") {
-            Some((name, rest)) => format!(
-                "{} {}",
-                name.trim(),
-                rest.split_whitespace().next().unwrap_or("")
-            ),
+            Some((name, rest)) => format!("{} {}", name.trim(), rest.split_whitespace().next().unwrap_or("")),
             None => one.to_string(),
         })
         .collect::<Vec<_>>()
@@ -34,45 +30,21 @@ pub fn short_compiler_name(full: &str) -> String {
 pub(crate) fn collect(p: &Probe, opts: &CollectOptions) -> Vec<Field> {
     use crate::build_info;
     let mut out = vec![
-        Field::new(
-            "civetta.version",
-            build_info::VERSION,
-            "build: CARGO_PKG_VERSION",
-        ),
-        Field::new(
-            "civetta.git_sha",
-            build_info::GIT_SHA,
-            "build: git rev-parse (build.rs)",
-        ),
+        Field::new("civetta.version", build_info::VERSION, "build: CARGO_PKG_VERSION"),
+        Field::new("civetta.git_sha", build_info::GIT_SHA, "build: git rev-parse (build.rs)"),
         Field::new("civetta.rustc", build_info::RUSTC, "build: rustc --version"),
         kernel_compiler(p, opts),
     ];
-    out.push(
-        match (&opts.hip_runtime_version, RUNTIME_VERSION.read().clone()) {
-            (Some(v), _) => Field::new(
-                "toolchain.hip_runtime",
-                v.clone(),
-                "collect options (from the HIP backend)",
-            ),
-            (None, Some((v, src))) => Field::new("toolchain.hip_runtime", v, src),
-            (None, None) => Field::unknown("toolchain.hip_runtime", "HIP backend not present"),
-        },
-    );
-    out.push(match read_trimmed(&p.root("opt/rocm/.info/version")) {
-        Some(v) if !v.is_empty() => {
-            Field::new("toolchain.rocm_installed", v, "/opt/rocm/.info/version")
-        }
-        _ => Field::new(
-            "toolchain.rocm_installed",
-            "none",
-            "/opt/rocm/.info/version (absent)",
-        ),
+    out.push(match (&opts.hip_runtime_version, RUNTIME_VERSION.read().clone()) {
+        (Some(v), _) => Field::new("toolchain.hip_runtime", v.clone(), "collect options (from the HIP backend)"),
+        (None, Some((v, src))) => Field::new("toolchain.hip_runtime", v, src),
+        (None, None) => Field::unknown("toolchain.hip_runtime", "HIP backend not present"),
     });
-    out.push(Field::new(
-        "toolchain.backend",
-        opts.backend.clone(),
-        "caller (backend in use)",
-    ));
+    out.push(match read_trimmed(&p.root("opt/rocm/.info/version")) {
+        Some(v) if !v.is_empty() => Field::new("toolchain.rocm_installed", v, "/opt/rocm/.info/version"),
+        _ => Field::new("toolchain.rocm_installed", "none", "/opt/rocm/.info/version (absent)"),
+    });
+    out.push(Field::new("toolchain.backend", opts.backend.clone(), "caller (backend in use)"));
     out
 }
 
@@ -86,24 +58,14 @@ fn kernel_compiler(p: &Probe, opts: &CollectOptions) -> Field {
         Some(d) => d.clone(),
         None => {
             if let Some(c) = p.env("CIVETTA_KERNEL_COMPILER") {
-                return Field::new(
-                    KEY,
-                    c.lines().next().unwrap_or(c).trim(),
-                    "env CIVETTA_KERNEL_COMPILER",
-                );
+                return Field::new(KEY, c.lines().next().unwrap_or(c).trim(), "env CIVETTA_KERNEL_COMPILER");
             }
-            p.env("CIVETTA_KERNEL_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("build/kernels"))
+            p.env("CIVETTA_KERNEL_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("build/kernels"))
         }
     };
     let found = compiler_files(&dir);
     if found.is_empty() {
-        return Field::new(
-            KEY,
-            "none",
-            format!("no kernel build found ({}/*/compiler.txt)", dir.display()),
-        );
+        return Field::new(KEY, "none", format!("no kernel build found ({}/*/compiler.txt)", dir.display()));
     }
     let mut versions: Vec<String> = Vec::new();
     for (_, line) in &found {
@@ -114,11 +76,7 @@ fn kernel_compiler(p: &Probe, opts: &CollectOptions) -> Field {
     let source = if found.len() == 1 {
         format!("build: clang --version ({})", found[0].0.display())
     } else {
-        format!(
-            "build: clang --version ({}/*/compiler.txt, {} builds)",
-            dir.display(),
-            found.len()
-        )
+        format!("build: clang --version ({}/*/compiler.txt, {} builds)", dir.display(), found.len())
     };
     if versions.iter().all(|v| v.is_empty()) {
         return Field::unknown(KEY, format!("{source}: empty"));
@@ -136,12 +94,7 @@ fn compiler_files(dir: &Path) -> Vec<(PathBuf, String)> {
         .into_iter()
         .filter_map(|path| {
             let text = read_trimmed(&path)?;
-            let first = text
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .unwrap_or("")
-                .to_string();
+            let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("").to_string();
             Some((path, first))
         })
         .collect()
@@ -153,22 +106,13 @@ mod tests {
 
     #[test]
     fn short_names() {
-        assert_eq!(
-            short_compiler_name("clang version 22.1.8 (Debian 22.1.8-1)"),
-            "clang 22.1.8"
-        );
+        assert_eq!(short_compiler_name("clang version 22.1.8 (Debian 22.1.8-1)"), "clang 22.1.8");
         assert_eq!(
             short_compiler_name("AMD clang version 19.0.0git (https://github.com/RadeonOpenCompute/llvm-project roc-6.4.4 25224 abc)"),
             "AMD clang 19.0.0git"
         );
-        assert_eq!(
-            short_compiler_name("Debian clang version 19.1.7 (3)"),
-            "Debian clang 19.1.7"
-        );
-        assert_eq!(
-            short_compiler_name("clang version 22.1.8; clang version 23.0.0"),
-            "clang 22.1.8; clang 23.0.0"
-        );
+        assert_eq!(short_compiler_name("Debian clang version 19.1.7 (3)"), "Debian clang 19.1.7");
+        assert_eq!(short_compiler_name("clang version 22.1.8; clang version 23.0.0"), "clang 22.1.8; clang 23.0.0");
         assert_eq!(short_compiler_name("none"), "none");
     }
 }

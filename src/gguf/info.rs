@@ -96,15 +96,8 @@ pub fn render_info(f: &GgufFile, show_all_metadata: bool) -> String {
     let name_w = f.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0).clamp(4, 48);
     let _ = writeln!(s, "  {:<name_w$} {:<5} {:<24} {:>12} {:>12}", "name", "type", "dims", "bytes", "offset");
     for t in &f.tensors {
-        let _ = writeln!(
-            s,
-            "  {:<name_w$} {:<5} {:<24} {:>12} {:>12}",
-            t.name,
-            t.ggml_type.name(),
-            dims_text(&t.dims),
-            t.size_bytes,
-            t.offset
-        );
+        let _ =
+            writeln!(s, "  {:<name_w$} {:<5} {:<24} {:>12} {:>12}", t.name, t.ggml_type.name(), dims_text(&t.dims), t.size_bytes, t.offset);
     }
 
     let summary = type_summary(f);
@@ -139,11 +132,8 @@ fn value_json(v: &MetadataValue) -> Value {
 
 /// Machine-readable report (`civetta info --json`).
 pub fn info_json(f: &GgufFile) -> Value {
-    let metadata: serde_json::Map<String, Value> = f
-        .metadata
-        .iter()
-        .map(|(k, v)| (k.clone(), json!({ "type": v.type_name(), "value": value_json(v) })))
-        .collect();
+    let metadata: serde_json::Map<String, Value> =
+        f.metadata.iter().map(|(k, v)| (k.clone(), json!({ "type": v.type_name(), "value": value_json(v) }))).collect();
     let tensors: Vec<Value> = f
         .tensors
         .iter()

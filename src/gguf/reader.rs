@@ -111,12 +111,12 @@ const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8; // name length, n_dims, on
 /// Smallest encoded size of one value of GGUF value type `ty`, or None for an unknown type.
 fn min_value_bytes(ty: u32) -> Option<u64> {
     Some(match ty {
-        0 | 1 | 7 => 1,   // u8, i8, bool
-        2 | 3 => 2,       // u16, i16
-        4..=6 => 4,       // u32, i32, f32
-        8 => 8,           // string: its u64 length
-        9 => 4 + 8,       // array: element type and count
-        10..=12 => 8,     // u64, i64, f64
+        0 | 1 | 7 => 1, // u8, i8, bool
+        2 | 3 => 2,     // u16, i16
+        4..=6 => 4,     // u32, i32, f32
+        8 => 8,         // string: its u64 length
+        9 => 4 + 8,     // array: element type and count
+        10..=12 => 8,   // u64, i64, f64
         _ => return None,
     })
 }
@@ -180,10 +180,7 @@ impl<'a> Cursor<'a> {
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(self.err(
-                at,
-                format!("{} is not valid UTF-8 (invalid byte at string position {})", what(), e.valid_up_to()),
-            )),
+            Err(e) => Err(self.err(at, format!("{} is not valid UTF-8 (invalid byte at string position {})", what(), e.valid_up_to()))),
         }
     }
 
@@ -216,10 +213,9 @@ impl<'a> Cursor<'a> {
                 };
                 let left = self.left();
                 if count.saturating_mul(min_size) > left {
-                    return Err(self.err(
-                        at,
-                        format!("{}: array of {count} elements cannot fit in the {left} bytes left in the file", what()),
-                    ));
+                    return Err(
+                        self.err(at, format!("{}: array of {count} elements cannot fit in the {left} bytes left in the file", what()))
+                    );
                 }
                 let mut items = Vec::with_capacity((count as usize).min(MAX_PREALLOC));
                 for i in 0..count {
@@ -382,10 +378,9 @@ fn read_header(c: &mut Cursor) -> Result<u32, GgufError> {
     match version {
         2 | 3 => Ok(version),
         1 => Err(c.err(4, "GGUF version 1 is not supported (only versions 2 and 3); re-convert the model with a current llama.cpp")),
-        v if matches!(v.swap_bytes(), 2 | 3) => Err(c.err(
-            4,
-            format!("big-endian GGUF (version {}) is not supported; only little-endian files are", v.swap_bytes()),
-        )),
+        v if matches!(v.swap_bytes(), 2 | 3) => {
+            Err(c.err(4, format!("big-endian GGUF (version {}) is not supported; only little-endian files are", v.swap_bytes())))
+        }
         v => Err(c.err(4, format!("unsupported GGUF version {v} (supported: 2, 3)"))),
     }
 }
@@ -432,11 +427,7 @@ fn alignment_of(metadata: &IndexMap<String, MetadataValue>, path: &Path) -> Resu
     Ok(alignment)
 }
 
-fn read_tensor_infos(
-    c: &mut Cursor,
-    n_tensors: u64,
-    alignment: u64,
-) -> Result<(Vec<TensorInfo>, HashMap<String, usize>), GgufError> {
+fn read_tensor_infos(c: &mut Cursor, n_tensors: u64, alignment: u64) -> Result<(Vec<TensorInfo>, HashMap<String, usize>), GgufError> {
     let cap = (n_tensors as usize).min(MAX_PREALLOC);
     let mut tensors = Vec::with_capacity(cap);
     let mut index = HashMap::with_capacity(cap);
@@ -453,9 +444,8 @@ fn read_tensor_infos(
             dims.push(c.u64(&|| what("dims"))?);
         }
         let type_id = c.u32(&|| what("type"))?;
-        let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
-            c.err(at, format!("tensor \"{name}\" (tensor info {i}) has unknown or unsupported ggml type id {type_id}"))
-        })?;
+        let ggml_type = GgmlType::from_id(type_id)
+            .ok_or_else(|| c.err(at, format!("tensor \"{name}\" (tensor info {i}) has unknown or unsupported ggml type id {type_id}")))?;
         let offset = c.u64(&|| what("offset"))?;
 
         // ggml keeps element counts in int64_t; anything larger is corrupt.
@@ -466,10 +456,9 @@ fn read_tensor_infos(
         };
         let block = ggml_type.block_size() as u64;
         if dims[0] % block != 0 {
-            return Err(c.err(
-                at,
-                format!("tensor \"{name}\": row length {} is not a multiple of the {ggml_type} block size {block}", dims[0]),
-            ));
+            return Err(
+                c.err(at, format!("tensor \"{name}\": row length {} is not a multiple of the {ggml_type} block size {block}", dims[0]))
+            );
         }
         let row_bytes = usize::try_from(dims[0]).ok().and_then(|n| ggml_type.row_bytes(n));
         let Some(size_bytes) = row_bytes.and_then(|r| (r as u64).checked_mul(rows)) else {

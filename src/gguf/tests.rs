@@ -35,18 +35,8 @@ fn all_metadata() -> Vec<(&'static str, V)> {
         ("t.bools", V::Array(vec![V::Bool(true), V::Bool(false)])),
         ("t.u64s", V::Array(vec![V::U64(0), V::U64(1 << 63)])),
         ("t.empty_u32s", V::Array(vec![])),
-        (
-            "t.nested",
-            V::Array(vec![
-                V::Array(vec![V::I32(1), V::I32(2)]),
-                V::Array(vec![]),
-                V::Array(vec![V::I32(3)]),
-            ]),
-        ),
-        (
-            "t.nested_strings",
-            V::Array(vec![V::Array(vec![V::Array(vec![V::String("deep".into())])])]),
-        ),
+        ("t.nested", V::Array(vec![V::Array(vec![V::I32(1), V::I32(2)]), V::Array(vec![]), V::Array(vec![V::I32(3)])])),
+        ("t.nested_strings", V::Array(vec![V::Array(vec![V::Array(vec![V::String("deep".into())])])])),
     ]
 }
 

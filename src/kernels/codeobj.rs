@@ -40,10 +40,7 @@ impl KernelResources {
     /// True when the kernel touches scratch memory in any way: spills, a private
     /// segment, or scratch instructions.
     pub fn uses_scratch(&self) -> bool {
-        self.vgpr_spills > 0
-            || self.sgpr_spills > 0
-            || self.scratch_bytes > 0
-            || self.scratch_instructions.unwrap_or(0) > 0
+        self.vgpr_spills > 0 || self.sgpr_spills > 0 || self.scratch_bytes > 0 || self.scratch_instructions.unwrap_or(0) > 0
     }
 }
 
@@ -104,8 +101,7 @@ pub fn count_scratch_instructions(asm: &str) -> BTreeMap<String, u32> {
 }
 
 fn metadata_note(bytes: &[u8]) -> Result<&[u8]> {
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(bytes)
-        .map_err(|e| anyhow!("not a 64-bit ELF file: {e}"))?;
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(bytes).map_err(|e| anyhow!("not a 64-bit ELF file: {e}"))?;
     let endian = header.endian().map_err(|e| anyhow!("bad ELF header: {e}"))?;
     let machine = header.e_machine(endian);
     if machine != EM_AMDGPU {
@@ -127,13 +123,10 @@ fn metadata_note(bytes: &[u8]) -> Result<&[u8]> {
 
 fn decode_metadata(mut desc: &[u8]) -> Result<Vec<KernelResources>> {
     let root = rmpv::decode::read_value(&mut desc).context("decoding the metadata msgpack")?;
-    let target = lookup(&root, "amdhsa.target")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow!("metadata has no amdhsa.target"))?;
+    let target = lookup(&root, "amdhsa.target").and_then(Value::as_str).ok_or_else(|| anyhow!("metadata has no amdhsa.target"))?;
     let arch = arch_from_target(target);
-    let kernels = lookup(&root, "amdhsa.kernels")
-        .and_then(Value::as_array)
-        .ok_or_else(|| anyhow!("metadata has no amdhsa.kernels array"))?;
+    let kernels =
+        lookup(&root, "amdhsa.kernels").and_then(Value::as_array).ok_or_else(|| anyhow!("metadata has no amdhsa.kernels array"))?;
     kernels
         .iter()
         .map(|k| {

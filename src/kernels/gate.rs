@@ -87,11 +87,7 @@ pub fn check<'a>(report: &'a BuildReport, allowlist: &'a Allowlist) -> Vec<Findi
         .filter(|row| row.kernel.uses_scratch())
         .map(|row| Finding {
             row,
-            allowed_because: allowlist
-                .allow
-                .iter()
-                .find(|e| e.matches(&report.compiler, row))
-                .map(|e| e.reason.as_str()),
+            allowed_because: allowlist.allow.iter().find(|e| e.matches(&report.compiler, row)).map(|e| e.reason.as_str()),
         })
         .collect()
 }

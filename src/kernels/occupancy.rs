@@ -91,11 +91,7 @@ pub fn waves_per_simd(arch: &str, r: &KernelResources, workgroup_size: u32) -> O
     let waves_per_group = workgroup_size.div_ceil(r.wavefront_size);
     let wave_slots = max_waves * limits.simds_per_wgp;
     // Single-wave workgroups need no barrier, so only the wave slots bound them.
-    let max_groups = if waves_per_group == 1 {
-        wave_slots
-    } else {
-        (wave_slots / waves_per_group).min(limits.max_workgroups_per_wgp)
-    };
+    let max_groups = if waves_per_group == 1 { wave_slots } else { (wave_slots / waves_per_group).min(limits.max_workgroups_per_wgp) };
     let waves_for_groups = |groups: u32| (groups * waves_per_group).div_ceil(limits.simds_per_wgp).min(max_waves);
     let by_workgroups = waves_for_groups(max_groups);
     let groups_by_lds = limits.lds_bytes_per_wgp / r.lds_bytes.max(1);

@@ -60,9 +60,7 @@ pub fn scan_build_dir(dir: &Path) -> Result<BuildReport> {
             kernels.push(ReportRow { object: object.clone(), kernel, occupancy });
         }
     }
-    kernels.sort_by(|a, b| {
-        (&a.kernel.arch, &a.object, &a.kernel.name).cmp(&(&b.kernel.arch, &b.object, &b.kernel.name))
-    });
+    kernels.sort_by(|a, b| (&a.kernel.arch, &a.object, &a.kernel.name).cmp(&(&b.kernel.arch, &b.object, &b.kernel.name)));
     let (compiler, compiler_version) = compiler_of(dir);
     Ok(BuildReport { compiler, compiler_version, kernels })
 }
@@ -110,15 +108,26 @@ pub fn render_markdown(report: &BuildReport) -> String {
     if let Some(v) = &report.compiler_version {
         let _ = writeln!(out, "\n`{v}`");
     }
-    out.push_str("\n| arch | object | kernel | VGPRs | SGPRs | scratch B/lane | VGPR spills | SGPR spills | LDS B | waves/SIMD | scratch instr |\n");
+    out.push_str(
+        "\n| arch | object | kernel | VGPRs | SGPRs | scratch B/lane | VGPR spills | SGPR spills | LDS B | waves/SIMD | scratch instr |\n",
+    );
     out.push_str("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     for r in &report.kernels {
         let k = &r.kernel;
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            k.arch, r.object, k.name, k.vgprs, k.sgprs, k.scratch_bytes, k.vgpr_spills, k.sgpr_spills,
-            k.lds_bytes, waves(r), scratch_instructions(r)
+            k.arch,
+            r.object,
+            k.name,
+            k.vgprs,
+            k.sgprs,
+            k.scratch_bytes,
+            k.vgpr_spills,
+            k.sgpr_spills,
+            k.lds_bytes,
+            waves(r),
+            scratch_instructions(r)
         );
     }
     out
@@ -151,12 +160,8 @@ impl CompareRow {
 
 /// Pairs up the kernels of two builds by (arch, code object, kernel name).
 pub fn compare(a: &BuildReport, b: &BuildReport) -> Vec<CompareRow> {
-    let mut keys: Vec<(String, String, String)> = a
-        .kernels
-        .iter()
-        .chain(&b.kernels)
-        .map(|r| (r.kernel.arch.clone(), r.object.clone(), r.kernel.name.clone()))
-        .collect();
+    let mut keys: Vec<(String, String, String)> =
+        a.kernels.iter().chain(&b.kernels).map(|r| (r.kernel.arch.clone(), r.object.clone(), r.kernel.name.clone())).collect();
     keys.sort();
     keys.dedup();
     keys.into_iter()

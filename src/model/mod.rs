@@ -103,11 +103,7 @@ impl Model {
             if hp.arch.has_qk_norm() && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
                 bail!("{}: layer {i} lacks attn_q_norm/attn_k_norm required by {}", file.path.display(), hp.arch.name());
             }
-            let ffn = Ffn::Dense {
-                gate: w(&p("ffn_gate.weight"))?,
-                up: w(&p("ffn_up.weight"))?,
-                down: w(&p("ffn_down.weight"))?,
-            };
+            let ffn = Ffn::Dense { gate: w(&p("ffn_gate.weight"))?, up: w(&p("ffn_up.weight"))?, down: w(&p("ffn_down.weight"))? };
             let Ffn::Dense { gate, up, down } = &ffn;
             expect_shape(gate, hp.n_embd, hp.n_ff)?;
             expect_shape(up, hp.n_embd, hp.n_ff)?;

@@ -77,22 +77,13 @@ pub(crate) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
 // so the SIMD versions can be checked against them with a tight tolerance.
 
 pub(crate) fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
-    (0..n)
-        .map(|i| f32_at(w, 4 * i) as f64 * f32_at(a, 4 * i) as f64)
-        .sum::<f64>() as f32
+    (0..n).map(|i| f32_at(w, 4 * i) as f64 * f32_at(a, 4 * i) as f64).sum::<f64>() as f32
 }
 
 pub(crate) fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    (0..n)
-        .map(|i| f16_at(w, 2 * i) as f64 * f32_at(a, 4 * i) as f64)
-        .sum::<f64>() as f32
+    (0..n).map(|i| f16_at(w, 2 * i) as f64 * f32_at(a, 4 * i) as f64).sum::<f64>() as f32
 }
 
 pub(crate) fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    (0..n)
-        .map(|i| {
-            bf16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])) as f64
-                * f32_at(a, 4 * i) as f64
-        })
-        .sum::<f64>() as f32
+    (0..n).map(|i| bf16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])) as f64 * f32_at(a, 4 * i) as f64).sum::<f64>() as f32
 }

@@ -32,10 +32,7 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -53,10 +50,7 @@ pub(crate) fn unpack_scales_mins_k4(s: &[u8]) -> (u64, u64) {
     let scales_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
     let mins_lo = u1 & KMASK1;
     let mins_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    (
-        scales_lo as u64 | (scales_hi as u64) << 32,
-        mins_lo as u64 | (mins_hi as u64) << 32,
-    )
+    (scales_lo as u64 | (scales_hi as u64) << 32, mins_lo as u64 | (mins_hi as u64) << 32)
 }
 
 /// ggml's quantize_row_q8_K_ref: iscale = -127/max (max = value of largest magnitude),
@@ -102,15 +96,7 @@ pub(crate) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
 /// ggml's make_qkx2_quants: affine quantisation of one sub-block to 0..=nmax with a weighted
 /// search over candidate scales. Returns (scale, -min) and writes the levels to `l`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
-    x: &[f32],
-    weights: &[f32],
-    nmax: i32,
-    l: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> (f32, f32) {
+fn make_qkx2_quants(x: &[f32], weights: &[f32], nmax: i32, l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
     let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
@@ -191,25 +177,13 @@ fn quantize_k_scales_and_levels(x: &[f32], nmax: i32, b: &mut [u8]) -> [u8; QK_K
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(
-            xs,
-            &weights,
-            nmax,
-            &mut levels[32 * j..32 * j + 32],
-            rmin,
-            0.1,
-            nstep,
-        );
+        let (s, m) = make_qkx2_quants(xs, &weights, nmax, &mut levels[32 * j..32 * j + 32], rmin, 0.1, nstep);
         scales[j] = s;
         mins[j] = m;
         max_scale = max_scale.max(s);
         max_min = max_min.max(m);
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let sc = &mut b[4..16];
     sc.fill(0);
@@ -329,11 +303,7 @@ pub(crate) fn quantize_q6_k(x: &[f32], dst: &mut [u8]) {
         let mut scales = [0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
         for g in 0..16 {
-            let s = make_qx_quants(
-                &xb[16 * g..16 * g + 16],
-                32,
-                &mut levels[16 * g..16 * g + 16],
-            );
+            let s = make_qx_quants(&xb[16 * g..16 * g + 16], 32, &mut levels[16 * g..16 * g + 16]);
             scales[g] = s;
             if s.abs() > max_abs_scale {
                 max_abs_scale = s.abs();
@@ -365,8 +335,7 @@ pub(crate) fn quantize_q6_k(x: &[f32], dst: &mut [u8]) {
                 let (q1, q2, q3, q4) = (q[l], q[l + 32], q[l + 64], q[l + 96]);
                 b[64 * half + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
                 b[64 * half + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
-                b[128 + 32 * half + l] =
-                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+                b[128 + 32 * half + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
             }
         }
     }
@@ -380,12 +349,7 @@ pub(crate) fn dequantize_q4_k(src: &[u8], dst: &mut [f32]) {
         for c in 0..4 {
             let (sc1, m1) = scale_min_k4(2 * c, scales);
             let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
-            let (d1, mm1, d2, mm2) = (
-                d * sc1 as f32,
-                dmin * m1 as f32,
-                d * sc2 as f32,
-                dmin * m2 as f32,
-            );
+            let (d1, mm1, d2, mm2) = (d * sc1 as f32, dmin * m1 as f32, d * sc2 as f32, dmin * m2 as f32);
             let q = &qs[32 * c..32 * c + 32];
             for l in 0..32 {
                 y[64 * c + l] = d1 * (q[l] & 0xF) as f32 - mm1;
@@ -404,12 +368,7 @@ pub(crate) fn dequantize_q5_k(src: &[u8], dst: &mut [f32]) {
         for c in 0..4 {
             let (sc1, m1) = scale_min_k4(2 * c, scales);
             let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
-            let (d1, mm1, d2, mm2) = (
-                d * sc1 as f32,
-                dmin * m1 as f32,
-                d * sc2 as f32,
-                dmin * m2 as f32,
-            );
+            let (d1, mm1, d2, mm2) = (d * sc1 as f32, dmin * m1 as f32, d * sc2 as f32, dmin * m2 as f32);
             let q = &qs[32 * c..32 * c + 32];
             for l in 0..32 {
                 let lo = (q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4);
@@ -463,9 +422,7 @@ fn dot_kx_block(levels: &[u8; QK_K], bw: &[u8], ba: &[u8]) -> f32 {
     let (mut sumi, mut summ) = (0i32, 0i32);
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &bw[4..16]);
-        let s: i32 = (0..32)
-            .map(|l| levels[32 * j + l] as i32 * qa[32 * j + l] as i8 as i32)
-            .sum();
+        let s: i32 = (0..32).map(|l| levels[32 * j + l] as i32 * qa[32 * j + l] as i8 as i32).sum();
         sumi += sc as i32 * s;
         summ += m as i32 * (bsums[2 * j] + bsums[2 * j + 1]);
     }
@@ -475,11 +432,7 @@ fn dot_kx_block(levels: &[u8; QK_K], bw: &[u8], ba: &[u8]) -> f32 {
 
 pub(crate) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q4_K_BYTES)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
+    for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)).take(n / QK_K) {
         let mut levels = [0u8; QK_K];
         for c in 0..4 {
             for l in 0..32 {
@@ -495,11 +448,7 @@ pub(crate) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 pub(crate) fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q5_K_BYTES)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
+    for (bw, ba) in w.chunks_exact(Q5_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)).take(n / QK_K) {
         let mut levels = [0u8; QK_K];
         for c in 0..4 {
             for l in 0..32 {
@@ -515,18 +464,12 @@ pub(crate) fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 pub(crate) fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q6_K_BYTES)
-        .zip(a.chunks_exact(Q8_K_BYTES))
-        .take(n / QK_K)
-    {
+    for (bw, ba) in w.chunks_exact(Q6_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)).take(n / QK_K) {
         let q = q6_k_levels(bw);
         let qa = &ba[4..4 + QK_K];
         let mut sumi = 0i32;
         for g in 0..16 {
-            let s: i32 = (16 * g..16 * g + 16)
-                .map(|i| (q[i] as i32 - 32) * qa[i] as i8 as i32)
-                .sum();
+            let s: i32 = (16 * g..16 * g + 16).map(|i| (q[i] as i32 - 32) * qa[i] as i8 as i32).sum();
             sumi += (bw[192 + g] as i8) as i32 * s;
         }
         sum += f16_at(bw, 208) * f32_at(ba, 0) * sumi as f32;

@@ -108,16 +108,8 @@ pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q8_0_BYTES)
-        .zip(a.chunks_exact(Q8_0_BYTES))
-        .take(n / QK)
-    {
-        let s: i32 = bw[2..]
-            .iter()
-            .zip(&ba[2..])
-            .map(|(&x, &y)| x as i8 as i32 * y as i8 as i32)
-            .sum();
+    for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let s: i32 = bw[2..].iter().zip(&ba[2..]).map(|(&x, &y)| x as i8 as i32 * y as i8 as i32).sum();
         sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
     }
     sum
@@ -125,11 +117,7 @@ pub(crate) fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 pub(crate) fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q4_0_BYTES)
-        .zip(a.chunks_exact(Q8_0_BYTES))
-        .take(n / QK)
-    {
+    for (bw, ba) in w.chunks_exact(Q4_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
         let mut s = 0i32;
         for j in 0..QK / 2 {
             let q = bw[2 + j];
@@ -145,11 +133,7 @@ pub(crate) fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// Q4_1 with Q8_1, which stores da*sum(a) as f16; we sum the Q8_0 block exactly instead.)
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0f32;
-    for (bw, ba) in w
-        .chunks_exact(Q4_1_BYTES)
-        .zip(a.chunks_exact(Q8_0_BYTES))
-        .take(n / QK)
-    {
+    for (bw, ba) in w.chunks_exact(Q4_1_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
         let (mut s, mut sa) = (0i32, 0i32);
         for j in 0..QK / 2 {
             let q = bw[4 + j];

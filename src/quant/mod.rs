@@ -45,10 +45,7 @@ impl ActFormat {
 /// Whether dequantize/quantize/vec_dot support this weight type.
 pub fn supports(t: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(
-        t,
-        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K
-    )
+    matches!(t, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K)
 }
 
 /// The activation format a weight type's dot product consumes (ggml's vec_dot_type, except
@@ -94,12 +91,7 @@ pub fn quantize_act_row(fmt: ActFormat, x: &[f32], dst: &mut [u8]) {
 /// Dequantises one activation row (the inverse of `quantize_act_row`, for tests and tools).
 pub fn dequantize_act_row(fmt: ActFormat, src: &[u8], dst: &mut [f32]) -> anyhow::Result<()> {
     if dst.len() % fmt.block_size() != 0 || src.len() != act_row_bytes(fmt, dst.len()) {
-        bail!(
-            "{fmt:?} activation row: {} elements need {} bytes, got {}",
-            dst.len(),
-            act_row_bytes(fmt, dst.len()),
-            src.len()
-        );
+        bail!("{fmt:?} activation row: {} elements need {} bytes, got {}", dst.len(), act_row_bytes(fmt, dst.len()), src.len());
     }
     match fmt {
         ActFormat::F32 => float::dequantize_f32(src, dst),
@@ -116,21 +108,14 @@ fn check_row(t: GgmlType, n: usize, bytes: usize) -> anyhow::Result<()> {
     match t.row_bytes(n) {
         Some(b) if b == bytes => Ok(()),
         Some(b) => bail!("{t} row of {n} elements needs {b} bytes, got {bytes}"),
-        None => bail!(
-            "{t} row of {n} elements: not a multiple of the block size {}",
-            t.block_size()
-        ),
+        None => bail!("{t} row of {n} elements: not a multiple of the block size {}", t.block_size()),
     }
 }
 
 fn check_dot_args(weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) {
+    assert!(supports(weight), "vec_dot: unsupported tensor type {weight} (check quant::supports first)");
     assert!(
-        supports(weight),
-        "vec_dot: unsupported tensor type {weight} (check quant::supports first)"
-    );
-    assert!(
-        weight.row_bytes(n) == Some(w_row.len())
-            && act_row.len() == act_row_bytes(act_format(weight), n),
+        weight.row_bytes(n) == Some(w_row.len()) && act_row.len() == act_row_bytes(act_format(weight), n),
         "vec_dot({weight}, n={n}): weight row {} bytes, activation row {} bytes",
         w_row.len(),
         act_row.len()
@@ -150,13 +135,7 @@ pub fn vec_dot(weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> f32 
 
 /// `vec_dot` with an explicit kernel level (for tests and benchmarks); None when this CPU
 /// lacks the level.
-pub fn vec_dot_at(
-    level: SimdLevel,
-    weight: GgmlType,
-    w_row: &[u8],
-    act_row: &[u8],
-    n: usize,
-) -> Option<f32> {
+pub fn vec_dot_at(level: SimdLevel, weight: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> Option<f32> {
     if !level.available() {
         return None;
     }

@@ -18,14 +18,7 @@ const TYPES: [GgmlType; 9] = [
     GgmlType::Q6_K,
 ];
 
-const UNSUPPORTED: [GgmlType; 6] = [
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q8_K,
-];
+const UNSUPPORTED: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q8_K];
 
 fn quantize(t: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; t.row_bytes(x.len()).unwrap()];
@@ -186,11 +179,7 @@ fn random_weight_row(t: GgmlType, n: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
         GgmlType::F16 | GgmlType::BF16 => {
             for c in row.chunks_exact_mut(2) {
                 let v = r.gen::<f32>() * 2.0 - 1.0;
-                let bits = if t == GgmlType::F16 {
-                    f32_to_f16(v)
-                } else {
-                    f32_to_bf16(v)
-                };
+                let bits = if t == GgmlType::F16 { f32_to_f16(v) } else { f32_to_bf16(v) };
                 c.copy_from_slice(&bits.to_le_bytes());
             }
             return row;
@@ -215,10 +204,7 @@ fn random_weight_row(t: GgmlType, n: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
 #[test]
 fn simd_kernels_match_the_scalar_reference_on_random_blocks() {
     let mut r = ChaCha8Rng::seed_from_u64(7);
-    let levels: Vec<SimdLevel> = SimdLevel::ALL
-        .into_iter()
-        .filter(|l| *l != SimdLevel::Scalar && l.available())
-        .collect();
+    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|l| *l != SimdLevel::Scalar && l.available()).collect();
     if levels.is_empty() {
         eprintln!("no SIMD level on this CPU; only the scalar code runs");
     }
@@ -237,11 +223,7 @@ fn simd_kernels_match_the_scalar_reference_on_random_blocks() {
                 let reference = vec_dot_at(SimdLevel::Scalar, t, &w, &a, n).unwrap();
                 let wd = dequantize(t, &w, n);
                 let ad = dequantize_act(act_format(t), &a, n);
-                let magnitude: f64 = wd
-                    .iter()
-                    .zip(&ad)
-                    .map(|(x, y)| (*x as f64 * *y as f64).abs())
-                    .sum();
+                let magnitude: f64 = wd.iter().zip(&ad).map(|(x, y)| (*x as f64 * *y as f64).abs()).sum();
                 for &level in &levels {
                     let got = vec_dot_at(level, t, &w1[1..], &a1[1..], n).unwrap();
                     assert!(
@@ -259,33 +241,16 @@ fn vec_dot_uses_the_detected_level() {
     let t = GgmlType::Q4_K;
     let wq = quantize(t, &data(1, 512));
     let aq = quantize_act(ActFormat::Q8_K, &data(2, 512));
-    let level = SimdLevel::ALL
-        .into_iter()
-        .find(|l| l.name() == simd_level())
-        .unwrap();
+    let level = SimdLevel::ALL.into_iter().find(|l| l.name() == simd_level()).unwrap();
     assert!(level.available());
-    assert_eq!(
-        vec_dot(t, &wq, &aq, 512),
-        vec_dot_at(level, t, &wq, &aq, 512).unwrap()
-    );
+    assert_eq!(vec_dot(t, &wq, &aq, 512), vec_dot_at(level, t, &wq, &aq, 512).unwrap());
 }
 
 #[test]
 fn nearest_int_rounds_half_to_even_like_ggml() {
     use super::k_quants::nearest_int;
-    assert_eq!(
-        [
-            nearest_int(2.5),
-            nearest_int(3.5),
-            nearest_int(-2.5),
-            nearest_int(-0.5)
-        ],
-        [2, 4, -2, 0]
-    );
-    assert_eq!(
-        [nearest_int(2.4999), nearest_int(-7.6), nearest_int(126.9)],
-        [2, -8, 127]
-    );
+    assert_eq!([nearest_int(2.5), nearest_int(3.5), nearest_int(-2.5), nearest_int(-0.5)], [2, 4, -2, 0]);
+    assert_eq!([nearest_int(2.4999), nearest_int(-7.6), nearest_int(126.9)], [2, -8, 127]);
 }
 
 #[test]
@@ -295,49 +260,25 @@ fn q8_k_activation_block_layout() {
     assert_eq!(q.len(), 2 * 292);
     for (b, xb) in q.chunks(292).zip(x.chunks(256)) {
         for g in 0..16 {
-            let s: i32 = b[4 + 16 * g..4 + 16 * g + 16]
-                .iter()
-                .map(|&v| v as i8 as i32)
-                .sum();
-            assert_eq!(
-                s,
-                i16::from_le_bytes([b[260 + 2 * g], b[261 + 2 * g]]) as i32
-            );
+            let s: i32 = b[4 + 16 * g..4 + 16 * g + 16].iter().map(|&v| v as i8 as i32).sum();
+            assert_eq!(s, i16::from_le_bytes([b[260 + 2 * g], b[261 + 2 * g]]) as i32);
         }
         // ggml's iscale = -127/max: the largest magnitude maps to -127, d = -max/127.
-        let (i, max) = xb.iter().enumerate().fold((0, 0f32), |(bi, bm), (i, &v)| {
-            if v.abs() > bm.abs() {
-                (i, v)
-            } else {
-                (bi, bm)
-            }
-        });
+        let (i, max) = xb.iter().enumerate().fold((0, 0f32), |(bi, bm), (i, &v)| if v.abs() > bm.abs() { (i, v) } else { (bi, bm) });
         assert_eq!(b[4 + i] as i8, -127);
         let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        assert!(
-            (d + max / 127.0).abs() <= 1e-6 * max.abs(),
-            "{d} vs {}",
-            -max / 127.0
-        );
+        assert!((d + max / 127.0).abs() <= 1e-6 * max.abs(), "{d} vs {}", -max / 127.0);
         assert!(b[4..260].iter().all(|&v| v as i8 != -128));
     }
     // An all-zero block is all zeros (scale, quants and sums).
-    assert!(quantize_act(ActFormat::Q8_K, &[0.0; 256])
-        .iter()
-        .all(|&v| v == 0));
+    assert!(quantize_act(ActFormat::Q8_K, &[0.0; 256]).iter().all(|&v| v == 0));
 }
 
 #[test]
 fn q8_0_activation_matches_the_q8_0_weight_format() {
     let x = data(9, 1024);
-    assert_eq!(
-        quantize_act(ActFormat::Q8_0, &x),
-        quantize(GgmlType::Q8_0, &x)
-    );
-    assert_eq!(
-        quantize_act(ActFormat::F32, &x),
-        quantize(GgmlType::F32, &x)
-    );
+    assert_eq!(quantize_act(ActFormat::Q8_0, &x), quantize(GgmlType::Q8_0, &x));
+    assert_eq!(quantize_act(ActFormat::F32, &x), quantize(GgmlType::F32, &x));
 }
 
 #[test]
@@ -378,11 +319,7 @@ fn constant_and_zero_blocks_survive_every_format() {
         let zeros = dequantize(t, &quantize(t, &[0.0; 512]), 512);
         assert!(zeros.iter().all(|&v| v == 0.0), "{t}: zeros");
         let ones = dequantize(t, &quantize(t, &[1.5; 512]), 512);
-        assert!(
-            ones.iter().all(|&v| (v - 1.5).abs() <= 0.02),
-            "{t}: constant 1.5 -> {:?}",
-            &ones[..4]
-        );
+        assert!(ones.iter().all(|&v| (v - 1.5).abs() <= 0.02), "{t}: constant 1.5 -> {:?}", &ones[..4]);
     }
 }
 
@@ -402,21 +339,15 @@ fn unsupported_types_and_bad_lengths_are_clear_errors() {
         let bytes = vec![0u8; t.row_bytes(256).unwrap()];
         let e = dequantize_row(t, &bytes, &mut y).unwrap_err().to_string();
         assert!(e.contains("unsupported tensor type"), "{t}: {e}");
-        let e = quantize_row(t, &[0.0; 256], &mut vec![0u8; bytes.len()])
-            .unwrap_err()
-            .to_string();
+        let e = quantize_row(t, &[0.0; 256], &mut vec![0u8; bytes.len()]).unwrap_err().to_string();
         assert!(e.contains("unsupported tensor type"), "{t}: {e}");
     }
     for t in TYPES {
         assert!(supports(t));
     }
-    let e = dequantize_row(GgmlType::Q8_0, &[0u8; 33], &mut y[..32])
-        .unwrap_err()
-        .to_string();
+    let e = dequantize_row(GgmlType::Q8_0, &[0u8; 33], &mut y[..32]).unwrap_err().to_string();
     assert!(e.contains("needs 34 bytes"), "{e}");
-    let e = quantize_row(GgmlType::Q4_K, &[0f32; 32], &mut [0u8; 18])
-        .unwrap_err()
-        .to_string();
+    let e = quantize_row(GgmlType::Q4_K, &[0f32; 32], &mut [0u8; 18]).unwrap_err().to_string();
     assert!(e.contains("multiple of the block size 256"), "{e}");
     assert!(dequantize_act_row(ActFormat::Q8_K, &[0u8; 291], &mut y).is_err());
 }

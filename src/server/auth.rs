@@ -74,7 +74,9 @@ mod tests {
     fn accepts_only_the_exact_bearer_token() {
         let t = Token::new("s3cret");
         assert!(t.accepts(Some("Bearer s3cret")));
-        for bad in [None, Some(""), Some("s3cret"), Some("Bearer s3cre"), Some("Bearer s3cret "), Some("Bearer S3cret"), Some("Basic s3cret")] {
+        for bad in
+            [None, Some(""), Some("s3cret"), Some("Bearer s3cre"), Some("Bearer s3cret "), Some("Bearer S3cret"), Some("Basic s3cret")]
+        {
             assert!(!t.accepts(bad), "{bad:?}");
         }
         assert!(Token::default().accepts(None), "no token configured: everything passes");

@@ -183,9 +183,19 @@ mod tests {
         let r = generation_request(req(), "m").unwrap();
         assert_eq!(r.prompt, PromptInput::Text { text: "hi".into(), add_bos: false });
         assert_eq!((r.sampling.top_p, r.sampling.repetition_penalty, r.sampling.repetition_window), (1.0, 1.0, 64));
-        let s = proto::SamplingParams { top_p: 0.5, repetition_penalty: 1.3, repetition_window: 8, seed: Some(42), top_k: 5, ..Default::default() };
+        let s = proto::SamplingParams {
+            top_p: 0.5,
+            repetition_penalty: 1.3,
+            repetition_window: 8,
+            seed: Some(42),
+            top_k: 5,
+            ..Default::default()
+        };
         let r = generation_request(proto::GenerateRequest { sampling: Some(s), ..req() }, "m").unwrap();
-        assert_eq!((r.sampling.top_p, r.sampling.repetition_penalty, r.sampling.repetition_window, r.sampling.seed, r.sampling.top_k), (0.5, 1.3, 8, 42, 5));
+        assert_eq!(
+            (r.sampling.top_p, r.sampling.repetition_penalty, r.sampling.repetition_window, r.sampling.seed, r.sampling.top_k),
+            (0.5, 1.3, 8, 42, 5)
+        );
     }
 
     #[test]
@@ -202,7 +212,14 @@ mod tests {
         for (r, phrase) in [
             (proto::GenerateRequest { prompt: String::new(), ..req() }, "prompt is empty"),
             (proto::GenerateRequest { messages: msgs, ..req() }, "only one"),
-            (proto::GenerateRequest { prompt: String::new(), messages: vec![proto::ChatMessage { role: " ".into(), content: "x".into() }], ..req() }, "role"),
+            (
+                proto::GenerateRequest {
+                    prompt: String::new(),
+                    messages: vec![proto::ChatMessage { role: " ".into(), content: "x".into() }],
+                    ..req()
+                },
+                "role",
+            ),
             (proto::GenerateRequest { model: "other".into(), ..req() }, "unknown model \"other\""),
         ] {
             let e = generation_request(r, "m").unwrap_err();

@@ -87,9 +87,14 @@ impl Inference for InferenceService {
                         }
                         last_token = Some(now);
                         metrics.generated_tokens.inc();
-                        (Ok(proto::GenerateResponse { event: Some(Event::Token(proto::TokenDelta { token_id: id, text, logprob })) }), false)
+                        (
+                            Ok(proto::GenerateResponse { event: Some(Event::Token(proto::TokenDelta { token_id: id, text, logprob })) }),
+                            false,
+                        )
                     }
-                    Some(GenerationEvent::Done(s)) => (Ok(proto::GenerateResponse { event: Some(Event::Done(convert::done_message(s))) }), true),
+                    Some(GenerationEvent::Done(s)) => {
+                        (Ok(proto::GenerateResponse { event: Some(Event::Done(convert::done_message(s))) }), true)
+                    }
                     Some(GenerationEvent::Error(_)) | None if draining.load(Ordering::SeqCst) => {
                         let _ = tx.send(Err(Status::unavailable("server shut down before the generation finished"))).await;
                         break Code::Unavailable;

@@ -6,7 +6,9 @@ use crate::engine::EngineStats;
 use crate::kernel_registry::{self, KernelSnapshot, BUCKETS_SECONDS};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram as HistogramProto, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use std::collections::HashMap;
 use std::time::Duration;
 use tonic::Code;
@@ -48,27 +50,40 @@ impl Metrics {
     /// scrape-time collectors with [`Metrics::register`].
     pub fn new(build: &BuildLabels, env: &crate::envinfo::Fingerprint) -> prometheus::Result<Metrics> {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(Opts::new("civetta_requests_total", "RPCs handled, by method and gRPC status code"), &["rpc", "code"])?;
+        let requests =
+            IntCounterVec::new(Opts::new("civetta_requests_total", "RPCs handled, by method and gRPC status code"), &["rpc", "code"])?;
         let request_duration = HistogramVec::new(
-            HistogramOpts::new("civetta_request_duration_seconds", "RPC duration from arrival to the last message").buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new("civetta_request_duration_seconds", "RPC duration from arrival to the last message")
+                .buckets(LATENCY_BUCKETS.to_vec()),
             &["rpc", "code"],
         )?;
         let ttft = Histogram::with_opts(
-            HistogramOpts::new("civetta_time_to_first_token_seconds", "Time from request arrival to the first generated token").buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new("civetta_time_to_first_token_seconds", "Time from request arrival to the first generated token")
+                .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
         let itl = Histogram::with_opts(
-            HistogramOpts::new("civetta_inter_token_latency_seconds", "Time between consecutive generated tokens of a stream").buckets(INTER_TOKEN_BUCKETS.to_vec()),
+            HistogramOpts::new("civetta_inter_token_latency_seconds", "Time between consecutive generated tokens of a stream")
+                .buckets(INTER_TOKEN_BUCKETS.to_vec()),
         )?;
         let prompt_tokens = IntCounter::new("civetta_prompt_tokens_total", "Prompt tokens of accepted Generate requests")?;
         let generated_tokens = IntCounter::new("civetta_generated_tokens_total", "Tokens generated and streamed")?;
         let in_flight = IntGauge::new("civetta_requests_in_flight", "Generate streams open now")?;
-        let rejected = IntCounterVec::new(Opts::new("civetta_requests_rejected_total", "Generate requests refused before reaching the model, by reason"), &["reason"])?;
+        let rejected = IntCounterVec::new(
+            Opts::new("civetta_requests_rejected_total", "Generate requests refused before reaching the model, by reason"),
+            &["reason"],
+        )?;
         let build_info = IntGaugeVec::new(
             Opts::new("civetta_build_info", "Build and runtime identity (value is always 1)"),
             &["version", "git_sha", "backend", "compiler", "rustc"],
         )?;
         build_info
-            .with_label_values(&[crate::build_info::VERSION, crate::build_info::GIT_SHA, &build.backend, &build.compiler, crate::build_info::RUSTC])
+            .with_label_values(&[
+                crate::build_info::VERSION,
+                crate::build_info::GIT_SHA,
+                &build.backend,
+                &build.compiler,
+                crate::build_info::RUSTC,
+            ])
             .set(1);
         let collectors: Vec<Box<dyn Collector>> = vec![
             Box::new(requests.clone()),
@@ -166,7 +181,8 @@ fn descs(specs: &[(&str, &str, &[&str])]) -> Vec<Desc> {
     specs
         .iter()
         .map(|(name, help, labels)| {
-            Desc::new(name.to_string(), help.to_string(), labels.iter().map(|l| l.to_string()).collect(), HashMap::new()).expect("valid metric descriptor")
+            Desc::new(name.to_string(), help.to_string(), labels.iter().map(|l| l.to_string()).collect(), HashMap::new())
+                .expect("valid metric descriptor")
         })
         .collect()
 }
@@ -197,7 +213,11 @@ impl Collector for EngineCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let s = (self.stats)();
         let values = [s.queued as f64, s.active as f64, s.kv_bytes as f64];
-        ENGINE_GAUGES.iter().zip(values).map(|((name, help, _), v)| family(name, help, MetricType::GAUGE, vec![gauge_metric(vec![], v)])).collect()
+        ENGINE_GAUGES
+            .iter()
+            .zip(values)
+            .map(|((name, help, _), v)| family(name, help, MetricType::GAUGE, vec![gauge_metric(vec![], v)]))
+            .collect()
     }
 }
 
@@ -380,7 +400,8 @@ mod tests {
         assert!((sum - (3.0 * 4e-6 + 4.0 * 32e-6 + 10.0)).abs() < 1e-9, "{sum}");
         assert_eq!(sample(&text, &format!("civetta_kernel_calls_total{{{l}}}")), 20.0);
         assert_eq!(sample(&text, r#"civetta_kernel_calls_total{kernel="rmsnorm",shape_class="m1",backend="cpu",variant="avx2"}"#), 2.0);
-        let buckets_per_series = text.lines().filter(|l| l.starts_with("civetta_kernel_duration_seconds_bucket{kernel=\"rmsnorm\"")).count();
+        let buckets_per_series =
+            text.lines().filter(|l| l.starts_with("civetta_kernel_duration_seconds_bucket{kernel=\"rmsnorm\"")).count();
         assert_eq!(buckets_per_series, BUCKETS_SECONDS.len() + 1);
         assert!(!text.contains("civetta_kernel_vgprs"), "no resource gauges without resources");
     }

@@ -122,10 +122,16 @@ pub struct Bound {
 /// Serves `engine` until `stop` completes, then shuts down gracefully: health goes
 /// NOT_SERVING, no new connections or requests are accepted, in-flight streams get
 /// `server.shutdown_grace_seconds` to finish, then the engine cancels what is left.
-pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    cfg: config::Config,
+    engine: Engine,
+    token: auth::Token,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     use crate::proto::inference_server::InferenceServer;
-    let grpc_listener =
-        tokio::net::TcpListener::bind(&cfg.server.grpc_addr).await.with_context(|| format!("cannot listen for gRPC on {}", cfg.server.grpc_addr))?;
+    let grpc_listener = tokio::net::TcpListener::bind(&cfg.server.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", cfg.server.grpc_addr))?;
     let metrics_listener = tokio::net::TcpListener::bind(&cfg.server.metrics_addr)
         .await
         .with_context(|| format!("cannot listen for metrics on {}", cfg.server.metrics_addr))?;
@@ -133,14 +139,22 @@ pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: 
 
     let info = engine.model_info().clone();
     let fingerprint = Arc::new(crate::envinfo::collect(&crate::envinfo::CollectOptions::system(info.backend.clone())));
-    let metrics = Arc::new(metrics::Metrics::new(&metrics::BuildLabels::new(&info.backend, &fingerprint), &fingerprint).context("registering metrics")?);
+    let metrics = Arc::new(
+        metrics::Metrics::new(&metrics::BuildLabels::new(&info.backend, &fingerprint), &fingerprint).context("registering metrics")?,
+    );
     let stats_engine = engine.clone();
     metrics.register(Box::new(metrics::EngineCollector::new(move || stats_engine.stats()))).context("registering metrics")?;
     metrics.register(Box::new(metrics::KernelCollector::global())).context("registering metrics")?;
 
     let model_name = if cfg.model.name.is_empty() { info.name.clone() } else { cfg.model.name.clone() };
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let svc = grpc::InferenceService { engine: engine.clone(), metrics: metrics.clone(), model_name: model_name.clone(), fingerprint, draining: draining.clone() };
+    let svc = grpc::InferenceService {
+        engine: engine.clone(),
+        metrics: metrics.clone(),
+        model_name: model_name.clone(),
+        fingerprint,
+        draining: draining.clone(),
+    };
     let (mut health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
     // Both reflection versions: grpcurl and older clients still ask v1alpha.
@@ -165,7 +179,10 @@ pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: 
     let shutdown_engine = engine.clone();
     let shutdown = async move {
         stop.await;
-        tracing::info!(grace_seconds = grace.as_secs_f64(), "shutdown requested: health NOT_SERVING, no new requests, in-flight streams may finish");
+        tracing::info!(
+            grace_seconds = grace.as_secs_f64(),
+            "shutdown requested: health NOT_SERVING, no new requests, in-flight streams may finish"
+        );
         health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing).await;
         health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         let _ = stop_tx.send(true);
@@ -185,7 +202,8 @@ pub async fn run(cfg: config::Config, engine: Engine, token: auth::Token, stop: 
         .add_service(inference)
         .serve_with_incoming_shutdown(
             // TCP_NODELAY: token messages are small and must not wait for delayed ACKs (Nagle).
-            tonic::transport::server::TcpIncoming::from_listener(grpc_listener, true, None).map_err(|e| anyhow::anyhow!("gRPC listener: {e}"))?,
+            tonic::transport::server::TcpIncoming::from_listener(grpc_listener, true, None)
+                .map_err(|e| anyhow::anyhow!("gRPC listener: {e}"))?,
             shutdown,
         );
     // Streams the engine does not own (a health Watch, say) would hold a graceful shutdown

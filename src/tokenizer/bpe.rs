@@ -116,14 +116,7 @@ impl Bpe {
         if malformed > 0 {
             tracing::warn!(malformed, "BPE merges without a separating space were ignored");
         }
-        Bpe {
-            n_vocab,
-            merges: table,
-            byte_symbols,
-            byte_tokens,
-            ignore_merges,
-            cache: Mutex::new(HashMap::new()),
-        }
+        Bpe { n_vocab, merges: table, byte_symbols, byte_tokens, ignore_merges, cache: Mutex::new(HashMap::new()) }
     }
 
     /// Appends the ids of one pre-tokenized word.

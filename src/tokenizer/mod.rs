@@ -93,17 +93,8 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// Names that end generation when they are control tokens (as llama.cpp's EOG list).
-const EOG_NAMES: &[&str] = &[
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|endoftext|>",
-    "<|end|>",
-    "</s>",
-    "<|end_of_text|>",
-    "<end_of_turn>",
-    "<EOT>",
-];
+const EOG_NAMES: &[&str] =
+    &["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "</s>", "<|end_of_text|>", "<end_of_turn>", "<EOT>"];
 
 /// A piece of input text: raw text to tokenize, or a special token found in it.
 enum Fragment<'a> {

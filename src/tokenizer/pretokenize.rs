@@ -35,7 +35,8 @@ const STAGES_DEEPSEEK_LLM: &[&str] = &[
     r"[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+",
     r"\p{N}+",
 ];
-const STAGES_DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+", r"\p{N}"];
+const STAGES_DEEPSEEK_CODER: &[&str] =
+    &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+", r"\p{N}"];
 /// llama.cpp's fallback for `default` or a missing name.
 const STAGES_DEFAULT: &[&str] = &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"];
 

@@ -66,10 +66,8 @@ fn reference_encode(tk: &Tokenizer, merges: &[String], text: &str) -> Vec<u32> {
     for word in tk.pre_splitter.split(text) {
         let mut syms: Vec<String> = bpe::bytes_to_token_text(word.as_bytes()).chars().map(String::from).collect();
         loop {
-            let best = syms
-                .windows(2)
-                .filter_map(|p| ranks.get(&(p[0].clone(), p[1].clone())).map(|&r| (r, p[0].clone(), p[1].clone())))
-                .min();
+            let best =
+                syms.windows(2).filter_map(|p| ranks.get(&(p[0].clone(), p[1].clone())).map(|&r| (r, p[0].clone(), p[1].clone()))).min();
             let Some((_, a, b)) = best else { break };
             let mut merged = Vec::with_capacity(syms.len());
             let mut i = 0;

@@ -65,7 +65,8 @@ impl Daemon {
                 panic!("civetta serve did not start; stderr:\n{}", stderr.lock().unwrap().join("\n"));
             }
         };
-        let grab = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {line:?}")).to_string();
+        let grab =
+            |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {line:?}")).to_string();
         Daemon { grpc: format!("http://{}", grab("grpc=")), metrics: grab("metrics="), child, stderr }
     }
 
@@ -261,7 +262,10 @@ pub struct Streamed {
 }
 
 /// Runs one Generate to the end; every stream must end with exactly one `done`.
-pub async fn generate(client: &mut InferenceClient<Channel>, req: impl tonic::IntoRequest<GenerateRequest>) -> Result<Streamed, tonic::Status> {
+pub async fn generate(
+    client: &mut InferenceClient<Channel>,
+    req: impl tonic::IntoRequest<GenerateRequest>,
+) -> Result<Streamed, tonic::Status> {
     let mut s = client.generate(req).await?.into_inner();
     let (mut ids, mut text, mut done) = (Vec::new(), String::new(), None);
     while let Some(m) = s.message().await? {

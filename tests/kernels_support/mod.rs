@@ -38,11 +38,7 @@ pub fn available_clangs() -> Vec<&'static str> {
 /// "clang-22.1.8" from "Debian clang version 22.1.8 (1~deb12u1)".
 pub fn compiler_tag(clang: &str) -> String {
     let version = clang_version(clang).unwrap_or_default();
-    let number = version
-        .split("clang version ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or("unknown");
+    let number = version.split("clang version ").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap_or("unknown");
     format!("clang-{number}")
 }
 

@@ -4,9 +4,7 @@
 //!
 //! Every load is unaligned, so rows may start anywhere.
 
-use super::super::k_quants::{
-    unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES,
-};
+use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
@@ -97,10 +95,7 @@ unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         let (bw, ba) = (wp.add(i * Q4_0_BYTES), ap.add(i * Q8_0_BYTES));
         let aq = loadu256(ba.add(2));
         // sum((q - 8) * a) = sum(q * a) - sum(8 * a), both exact in i16 pairs.
-        let p = _mm256_sub_epi16(
-            _mm256_maddubs_epi16(nibbles_16(bw.add(2)), aq),
-            _mm256_maddubs_epi16(eight, aq),
-        );
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_16(bw.add(2)), aq), _mm256_maddubs_epi16(eight, aq));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(p)), scale_product(bw, ba), acc);
     }
     hsum256(acc)
@@ -117,11 +112,7 @@ unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
         let dot = widen(_mm256_maddubs_epi16(nibbles_16(bw.add(4)), aq));
         let asum = widen(_mm256_maddubs_epi16(ones, aq));
         acc_d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc_d);
-        acc_m = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(asum),
-            scale_product(bw.add(2), ba),
-            acc_m,
-        );
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(asum), scale_product(bw.add(2), ba), acc_m);
     }
     hsum256(_mm256_add_ps(acc_d, acc_m))
 }
@@ -129,11 +120,7 @@ unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// Q8_K parts of one activation super-block: (d, pointer to the 256 quants, group sums).
 #[inline(always)]
 unsafe fn q8k(ba: *const u8) -> (f32, *const u8, __m256i) {
-    (
-        (ba as *const f32).read_unaligned(),
-        ba.add(4),
-        loadu256(ba.add(260)),
-    )
+    ((ba as *const f32).read_unaligned(), ba.add(4), loadu256(ba.add(260)))
 }
 
 /// Per super-block of Q4_K/Q5_K: d*da*sum_sb(scale*sum(q*a)) - dmin*da*sum_g(min*bsum).
@@ -176,10 +163,7 @@ unsafe fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         let bw = wp.add(i * Q4_K_BYTES);
         let levels = |c: usize| {
             let raw = loadu256(bw.add(16 + 32 * c));
-            (
-                _mm256_and_si256(raw, m0f),
-                _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f),
-            )
+            (_mm256_and_si256(raw, m0f), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f))
         };
         kx_superblock(bw, ap.add(i * Q8_K_BYTES), levels, &mut acc, &mut acc_min);
     }
@@ -199,16 +183,10 @@ unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
             let raw = loadu256(bw.add(48 + 32 * c));
             // Fifth bits: bit 2c (low sub-block) and 2c+1 (high), moved to bit 4.
             let h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
-            let h_hi = _mm256_and_si256(
-                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
-                one,
-            );
+            let h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)), one);
             (
                 _mm256_or_si256(_mm256_and_si256(raw, m0f), _mm256_slli_epi16(h_lo, 4)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f),
-                    _mm256_slli_epi16(h_hi, 4),
-                ),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f), _mm256_slli_epi16(h_hi, 4)),
             )
         };
         kx_superblock(bw, ap.add(i * Q8_K_BYTES), levels, &mut acc, &mut acc_min);
@@ -233,45 +211,16 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
             let qh = loadu256(bw.add(128 + 32 * h));
             // Elements 32k..32k+31 of this half; the 0x30 mask drops bits shifted across bytes.
             let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m0f),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m0f),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m0f),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m0f),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-                ),
+                _mm256_or_si256(_mm256_and_si256(ql0, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m0f), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m0f), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
             ];
             for (k, q) in q.into_iter().enumerate() {
                 let p = _mm256_maddubs_epi16(q, loadu256(qa.add(128 * h + 32 * k)));
                 // Scales of groups g and g+1 (16 elements = 8 i16 lanes each).
                 let g = (8 * h + 2 * k) as i8;
-                let pick = _mm_setr_epi8(
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                );
+                let pick = _mm_setr_epi8(g, g, g, g, g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1);
                 let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
             }
@@ -286,13 +235,7 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn dot_floats(
-    t: GgmlType,
-    w: &[u8],
-    a: &[u8],
-    n: usize,
-    load: impl Fn(*const u8) -> __m256,
-) -> f32 {
+unsafe fn dot_floats(t: GgmlType, w: &[u8], a: &[u8], n: usize, load: impl Fn(*const u8) -> __m256) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let elem = t.type_size();
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -300,20 +243,12 @@ unsafe fn dot_floats(
     while i + 32 <= n {
         for (k, acc) in acc.iter_mut().enumerate() {
             let j = i + 8 * k;
-            *acc = _mm256_fmadd_ps(
-                load(wp.add(j * elem)),
-                _mm256_loadu_ps(ap.add(4 * j) as _),
-                *acc,
-            );
+            *acc = _mm256_fmadd_ps(load(wp.add(j * elem)), _mm256_loadu_ps(ap.add(4 * j) as _), *acc);
         }
         i += 32;
     }
     while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(
-            load(wp.add(i * elem)),
-            _mm256_loadu_ps(ap.add(4 * i) as _),
-            acc[0],
-        );
+        acc[0] = _mm256_fmadd_ps(load(wp.add(i * elem)), _mm256_loadu_ps(ap.add(4 * i) as _), acc[0]);
         i += 8;
     }
     let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
@@ -327,17 +262,10 @@ unsafe fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    dot_floats(GgmlType::F16, w, a, n, |p| {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as _))
-    })
+    dot_floats(GgmlType::F16, w, a, n, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as _)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    dot_floats(GgmlType::BF16, w, a, n, |p| {
-        _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(p as _)),
-            16,
-        ))
-    })
+    dot_floats(GgmlType::BF16, w, a, n, |p| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as _)), 16)))
 }

@@ -9,9 +9,7 @@
 //! Every load is unaligned, so rows may start anywhere.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::super::k_quants::{
-    unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES,
-};
+use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
@@ -65,14 +63,8 @@ unsafe fn load_2x32(p0: *const u8, p1: *const u8) -> __m512i {
 /// element order: [p0 low nibbles, p0 high nibbles, p1 low, p1 high].
 #[inline(always)]
 unsafe fn nibbles_2x16(p0: *const u8, p1: *const u8) -> __m512i {
-    let pair = _mm256_inserti128_si256::<1>(
-        _mm256_castsi128_si256(_mm_loadu_si128(p0 as _)),
-        _mm_loadu_si128(p1 as _),
-    );
-    let dup = _mm512_permutexvar_epi64(
-        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-        _mm512_castsi256_si512(pair),
-    );
+    let pair = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(p0 as _)), _mm_loadu_si128(p1 as _));
+    let dup = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(pair));
     // Shift the second copy of each block right by 4 (16-bit lanes 8..15 and 24..31).
     const S4: i64 = 0x0004_0004_0004_0004;
     let shifts = _mm512_setr_epi64(0, 0, S4, S4, 0, 0, S4, S4);
@@ -82,9 +74,7 @@ unsafe fn nibbles_2x16(p0: *const u8, p1: *const u8) -> __m512i {
 /// f32 lanes 0..7 = s[i0], lanes 8..15 = s[i1] of a 128-bit vector s.
 #[inline(always)]
 unsafe fn spread_pair<const I0: i32, const I1: i32>(s: __m128) -> __m512 {
-    let idx = _mm512_setr_epi32(
-        I0, I0, I0, I0, I0, I0, I0, I0, I1, I1, I1, I1, I1, I1, I1, I1,
-    );
+    let idx = _mm512_setr_epi32(I0, I0, I0, I0, I0, I0, I0, I0, I1, I1, I1, I1, I1, I1, I1, I1);
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s))
 }
 
@@ -151,10 +141,7 @@ unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         let q = nibbles_2x16(w0.add(2), w1.add(2));
         let aq = load_2x32(a0.add(2), a1.add(2));
         // sum((q - 8) * a) = sum(q * a) - sum(8 * a)
-        let dot = _mm512_sub_epi32(
-            _mm512_dpbusd_epi32(zero, q, aq),
-            _mm512_dpbusd_epi32(zero, eight, aq),
-        );
+        let dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, aq), _mm512_dpbusd_epi32(zero, eight, aq));
         let s = spread_pair::<0, 1>(pair_scales(w0, w1, a0, a1));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc);
         i += 2;
@@ -206,22 +193,12 @@ unsafe fn pair_index(lo: i16, hi: i16) -> __m512i {
 /// Q8_K parts of one activation super-block: (d, pointer to the 256 quants, group sums).
 #[inline(always)]
 unsafe fn q8k(ba: *const u8) -> (f32, *const u8, __m256i) {
-    (
-        (ba as *const f32).read_unaligned(),
-        ba.add(4),
-        loadu256(ba.add(260)),
-    )
+    ((ba as *const f32).read_unaligned(), ba.add(4), loadu256(ba.add(260)))
 }
 
 /// Per super-block of Q4_K/Q5_K: d*da*sum_sb(scale*sum(q*a)) - dmin*da*sum_g(min*bsum).
 #[inline(always)]
-unsafe fn kx_superblock(
-    bw: *const u8,
-    ba: *const u8,
-    mut levels: impl FnMut(usize) -> __m512i,
-    acc: &mut __m512,
-    acc_min: &mut __m256,
-) {
+unsafe fn kx_superblock(bw: *const u8, ba: *const u8, mut levels: impl FnMut(usize) -> __m512i, acc: &mut __m512, acc_min: &mut __m256) {
     let (da, qa, bsums) = q8k(ba);
     let (sc, mn) = unpack_scales_mins_k4(&*(bw.add(4) as *const [u8; 12]));
     let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
@@ -271,11 +248,7 @@ unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let sixteen = _mm512_set1_epi8(16);
     let sh = shift_high_half_by4();
     // Bit 2c of qh for the low half (sub-block 2c), bit 2c+1 for the high half.
-    let bit0 = _mm512_mask_blend_epi8(
-        0xFFFF_FFFF_0000_0000,
-        _mm512_set1_epi8(1),
-        _mm512_set1_epi8(2),
-    );
+    let bit0 = _mm512_mask_blend_epi8(0xFFFF_FFFF_0000_0000, _mm512_set1_epi8(1), _mm512_set1_epi8(2));
     let (mut acc, mut acc_min) = (_mm512_setzero_ps(), _mm256_setzero_ps());
     for i in 0..n / 256 {
         let bw = wp.add(i * Q5_K_BYTES);
@@ -337,14 +310,8 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         for h in 0..2 {
             let ql = loadu512(bw.add(64 * h));
             let qh = _mm512_broadcast_i64x4(loadu256(bw.add(128 + 32 * h)));
-            let lo = _mm512_or_si512(
-                _mm512_and_si512(ql, m0f),
-                _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), m30),
-            );
-            let hi = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(ql, 4), m0f),
-                _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), m30),
-            );
+            let lo = _mm512_or_si512(_mm512_and_si512(ql, m0f), _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), m30));
+            let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m0f), _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), m30));
             let p_lo = _mm512_maddubs_epi16(lo, loadu512(qa.add(128 * h)));
             let p_hi = _mm512_maddubs_epi16(hi, loadu512(qa.add(128 * h + 64)));
             isum = _mm512_dpwssd_epi32(isum, p_lo, _mm512_permutexvar_epi16(idxs[2 * h], sc16));
@@ -360,13 +327,7 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn dot_floats(
-    t: GgmlType,
-    w: &[u8],
-    a: &[u8],
-    n: usize,
-    load: impl Fn(*const u8) -> __m512,
-) -> f32 {
+unsafe fn dot_floats(t: GgmlType, w: &[u8], a: &[u8], n: usize, load: impl Fn(*const u8) -> __m512) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let elem = t.type_size();
     let mut acc = [_mm512_setzero_ps(); 4];
@@ -374,20 +335,12 @@ unsafe fn dot_floats(
     while i + 64 <= n {
         for (k, acc) in acc.iter_mut().enumerate() {
             let j = i + 16 * k;
-            *acc = _mm512_fmadd_ps(
-                load(wp.add(j * elem)),
-                _mm512_loadu_ps(ap.add(4 * j) as _),
-                *acc,
-            );
+            *acc = _mm512_fmadd_ps(load(wp.add(j * elem)), _mm512_loadu_ps(ap.add(4 * j) as _), *acc);
         }
         i += 64;
     }
     while i + 16 <= n {
-        acc[0] = _mm512_fmadd_ps(
-            load(wp.add(i * elem)),
-            _mm512_loadu_ps(ap.add(4 * i) as _),
-            acc[0],
-        );
+        acc[0] = _mm512_fmadd_ps(load(wp.add(i * elem)), _mm512_loadu_ps(ap.add(4 * i) as _), acc[0]);
         i += 16;
     }
     let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
@@ -406,7 +359,5 @@ unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
-    dot_floats(GgmlType::BF16, w, a, n, |p| {
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(loadu256(p)), 16))
-    })
+    dot_floats(GgmlType::BF16, w, a, n, |p| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(loadu256(p)), 16)))
 }

@@ -33,11 +33,7 @@ impl SimdLevel {
         match self {
             SimdLevel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
+            SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512Vnni => {
                 SimdLevel::Avx2.available()
@@ -59,11 +55,7 @@ static LEVEL: Lazy<SimdLevel> = Lazy::new(|| {
         Ok("avx2") => SimdLevel::Avx2,
         _ => SimdLevel::Avx512Vnni,
     };
-    SimdLevel::ALL
-        .into_iter()
-        .filter(|l| *l <= cap && l.available())
-        .max()
-        .unwrap_or(SimdLevel::Scalar)
+    SimdLevel::ALL.into_iter().filter(|l| *l <= cap && l.available()).max().unwrap_or(SimdLevel::Scalar)
 });
 
 pub fn level() -> SimdLevel {
