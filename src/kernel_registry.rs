@@ -227,7 +227,7 @@ pub fn time<R>(kernel: &str, shape: &str, backend: &str, variant: &str, f: impl 
     let e = r.entry(kernel, shape, backend, variant);
     let n = e.calls.fetch_add(1, Ordering::Relaxed);
     let every = r.sample_every.load(Ordering::Relaxed);
-    if every == u64::MAX || n % every != 0 {
+    if every == u64::MAX || !n.is_multiple_of(every) {
         return f();
     }
     let t0 = Instant::now();
@@ -259,7 +259,7 @@ pub fn should_sample(kernel: &str, shape: &str, backend: &str, variant: &str) ->
     let e = r.entry(kernel, shape, backend, variant);
     let n = e.calls.fetch_add(1, Ordering::Relaxed);
     let every = r.sample_every.load(Ordering::Relaxed);
-    every != u64::MAX && n % every == 0
+    every != u64::MAX && n.is_multiple_of(every)
 }
 
 /// Adds a timed duration for a call already counted by [`should_sample`].
@@ -282,7 +282,7 @@ mod tests {
         counts[3] = 100; // all in (4us, 8us]
         let p50 = quantile(&counts, 0.5);
         assert!(p50 > BUCKETS_SECONDS[2] && p50 <= BUCKETS_SECONDS[3], "{p50}");
-        assert_eq!(quantile(&vec![0; 25], 0.5), 0.0);
+        assert_eq!(quantile(&[0; 25], 0.5), 0.0);
     }
 
     #[test]
@@ -291,7 +291,7 @@ mod tests {
         for _ in 0..10 {
             let e = r.entry("k", "m1", "test", "v");
             let n = e.calls.fetch_add(1, Ordering::Relaxed);
-            if n % 4 == 0 {
+            if n.is_multiple_of(4) {
                 e.observe(Duration::from_micros(5));
             }
         }

@@ -165,8 +165,8 @@ impl SynthSpec {
         ] {
             ensure!(n > 0, "{what} must be at least 1");
         }
-        ensure!(self.heads % self.kv_heads == 0, "heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads);
-        ensure!(self.head_dim % 2 == 0, "the head size ({}) must be even for RoPE", self.head_dim);
+        ensure!(self.heads.is_multiple_of(self.kv_heads), "heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads);
+        ensure!(self.head_dim.is_multiple_of(2), "the head size ({}) must be even for RoPE", self.head_dim);
         if self.arch != "qwen3" {
             ensure!(
                 self.heads * self.head_dim == self.dim,

@@ -333,7 +333,7 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
     }
     for key in ["description", "source", "licenses", "version", "created", "base.name"] {
         let key = format!("org.opencontainers.image.{key}");
-        if labels.get(&key).map_or(true, |v| v.is_empty()) {
+        if labels.get(&key).is_none_or(|v| v.is_empty()) {
             errors.push(format!("label {key} missing or empty"));
         }
     }

@@ -35,6 +35,14 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// A method (not field access) so closures capture the whole Send wrapper.
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the slice the pointer came from.
+        unsafe { self.0.add(i) }
+    }
+}
+
 fn buf(b: &Buffer) -> &[f32] {
     b.inner.downcast_ref::<Vec<f32>>().expect("CPU backend got a foreign buffer")
 }
@@ -194,7 +202,6 @@ impl Backend for CpuBackend {
                 // activation rows while it sits in cache.
                 let block = 8usize;
                 (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
-                    let optr = optr;
                     let r0 = b * block;
                     let r1 = (r0 + block).min(n);
                     for r in r0..r1 {
@@ -202,7 +209,7 @@ impl Backend for CpuBackend {
                         for tok in 0..rows {
                             let v = quant::vec_dot(t, wr, &acts[tok * act_bytes..(tok + 1) * act_bytes], k);
                             // SAFETY: (tok, r) pairs are disjoint across work items.
-                            unsafe { *optr.0.add(tok * n + r) = v };
+                            unsafe { *optr.at(tok * n + r) = v };
                         }
                     }
                 });
@@ -347,7 +354,7 @@ fn weight_f32(w: &Weight) -> std::borrow::Cow<'_, [f32]> {
     let cw = weight(w);
     let bytes = cw.bytes();
     let n = w.rows * w.cols;
-    if w.ggml_type == GgmlType::F32 && (bytes.as_ptr() as usize) % 4 == 0 {
+    if w.ggml_type == GgmlType::F32 && (bytes.as_ptr() as usize).is_multiple_of(4) {
         // SAFETY: F32 tensor data is 4-byte aligned (checked) and exactly n*4 bytes long.
         return std::borrow::Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, n) });
     }

@@ -71,6 +71,7 @@ pub trait Backend: Send + Sync {
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
     fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide) into the caches at row `start_pos`.
+    #[allow(clippy::too_many_arguments)]
     fn kv_store(
         &self,
         k: &Buffer,

@@ -172,7 +172,7 @@ impl Engine {
             ));
         }
         let s = &req.sampling;
-        if !(s.temperature >= 0.0) || !s.temperature.is_finite() {
+        if !s.temperature.is_finite() || s.temperature < 0.0 {
             return invalid(format!("temperature must be a finite number >= 0, got {}", s.temperature));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
@@ -181,7 +181,7 @@ impl Engine {
         if !(s.min_p >= 0.0 && s.min_p < 1.0) {
             return invalid(format!("min_p must be in [0, 1), got {}", s.min_p));
         }
-        if !(s.repetition_penalty >= 0.0) || !s.repetition_penalty.is_finite() {
+        if !s.repetition_penalty.is_finite() || s.repetition_penalty < 0.0 {
             return invalid(format!("repetition_penalty must be >= 0, got {}", s.repetition_penalty));
         }
         if req.stop.len() > MAX_STOP_SEQUENCES {
@@ -411,6 +411,8 @@ fn release(c: &Counters, s: &Seq) {
     c.kv_bytes.fetch_sub(s.cache.bytes, Ordering::SeqCst);
 }
 
+// The job comes back on failure so its stream can receive the error.
+#[allow(clippy::result_large_err)]
 fn activate(inner: &Inner, job: Job) -> Result<Seq, (Job, anyhow::Error)> {
     let capacity = (job.prompt.len() + job.req.max_tokens).min(inner.ctx_len);
     let cache = match inner.model.new_cache(capacity) {

@@ -57,7 +57,11 @@ impl GgufWriter {
         ensure!((1..=MAX_DIMS).contains(&dims.len()), "tensor {name}: {} dimensions, expected 1 to {MAX_DIMS}", dims.len());
         ensure!(!self.tensors.iter().any(|t| t.name == name), "tensor {name} was already added");
         let block = ggml_type.block_size() as u64;
-        ensure!(dims[0] % block == 0, "tensor {name}: row length {} is not a multiple of the {ggml_type} block size {block}", dims[0]);
+        ensure!(
+            dims[0].is_multiple_of(block),
+            "tensor {name}: row length {} is not a multiple of the {ggml_type} block size {block}",
+            dims[0]
+        );
         let rows = dims[1..].iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let row_bytes = usize::try_from(dims[0]).ok().and_then(|n| ggml_type.row_bytes(n));
         let Some(expect) = rows.zip(row_bytes).and_then(|(rows, row)| rows.checked_mul(row as u64)) else {

@@ -74,7 +74,7 @@ impl HParams {
         let n_embd = req_u("embedding_length")?;
         let n_head = req_u("attention.head_count")?;
         let n_head_kv = f.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
-        let head_dim = f.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(if n_head > 0 { n_embd / n_head } else { 0 });
+        let head_dim = f.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(n_embd.checked_div(n_head).unwrap_or(0));
         let n_vocab = match f.get_u64(&key("vocab_size")) {
             Some(v) => v as usize,
             None => f
@@ -95,10 +95,10 @@ impl HParams {
             rope_base: f.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
             n_ctx_train: req_u("context_length")?,
         };
-        if hp.n_head == 0 || hp.n_head_kv == 0 || hp.n_head % hp.n_head_kv != 0 {
+        if hp.n_head == 0 || hp.n_head_kv == 0 || !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{path}: head counts {} / {} (kv) are not a valid grouping", hp.n_head, hp.n_head_kv);
         }
-        if hp.head_dim == 0 || hp.head_dim % 2 != 0 {
+        if hp.head_dim == 0 || !hp.head_dim.is_multiple_of(2) {
             bail!("{path}: head dimension {} must be even and non-zero", hp.head_dim);
         }
         if hp.n_layer == 0 || hp.n_embd == 0 || hp.n_ff == 0 || hp.n_vocab == 0 {

@@ -76,7 +76,7 @@ pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
 /// length (both are fixed by the model shape, so this is a caller bug).
 pub fn quantize_act_row(fmt: ActFormat, x: &[f32], dst: &mut [u8]) {
     assert!(
-        x.len() % fmt.block_size() == 0 && dst.len() == act_row_bytes(fmt, x.len()),
+        x.len().is_multiple_of(fmt.block_size()) && dst.len() == act_row_bytes(fmt, x.len()),
         "quantize_act_row({fmt:?}): {} elements into {} bytes",
         x.len(),
         dst.len()
@@ -90,7 +90,7 @@ pub fn quantize_act_row(fmt: ActFormat, x: &[f32], dst: &mut [u8]) {
 
 /// Dequantises one activation row (the inverse of `quantize_act_row`, for tests and tools).
 pub fn dequantize_act_row(fmt: ActFormat, src: &[u8], dst: &mut [f32]) -> anyhow::Result<()> {
-    if dst.len() % fmt.block_size() != 0 || src.len() != act_row_bytes(fmt, dst.len()) {
+    if !dst.len().is_multiple_of(fmt.block_size()) || src.len() != act_row_bytes(fmt, dst.len()) {
         bail!("{fmt:?} activation row: {} elements need {} bytes, got {}", dst.len(), act_row_bytes(fmt, dst.len()), src.len());
     }
     match fmt {

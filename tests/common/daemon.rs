@@ -162,7 +162,7 @@ fn dechunk(mut s: &str) -> String {
             break;
         }
         out += &rest[..n];
-        s = &rest[n..].trim_start_matches("\r\n");
+        s = rest[n..].trim_start_matches("\r\n");
     }
     out
 }
