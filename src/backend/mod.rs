@@ -56,6 +56,16 @@ pub trait Backend: Send + Sync {
     /// Makes a tensor of the model file usable by this backend (borrowed from the mmap on CPU).
     fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight>;
     fn alloc(&self, len: usize) -> anyhow::Result<Buffer>;
+    /// Allocates one layer's K or V cache of `len` elements. Backends pick the element type
+    /// (f32 by default; f16 like llama.cpp where a backend stores it so); only `kv_store` and
+    /// `attention` of the same backend read or write it.
+    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+        self.alloc(len)
+    }
+    /// Bytes per cached K or V element (matches `alloc_kv_cache`).
+    fn kv_cache_elem_bytes(&self) -> usize {
+        4
+    }
     fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]);
     fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]);
 

@@ -122,21 +122,21 @@ impl Model {
         &self.backend
     }
 
-    /// Allocates a KV cache for `capacity` positions (f32).
+    /// Allocates a KV cache for `capacity` positions (element type chosen by the backend).
     pub fn new_cache(&self, capacity: usize) -> anyhow::Result<KvCache> {
         let kv = self.hp.kv_dim() * capacity;
         let mut k = Vec::with_capacity(self.hp.n_layer);
         let mut v = Vec::with_capacity(self.hp.n_layer);
         for _ in 0..self.hp.n_layer {
-            k.push(self.backend.alloc(kv)?);
-            v.push(self.backend.alloc(kv)?);
+            k.push(self.backend.alloc_kv_cache(kv)?);
+            v.push(self.backend.alloc_kv_cache(kv)?);
         }
-        Ok(KvCache { k, v, len: 0, capacity, bytes: 2 * self.hp.n_layer * kv * 4 })
+        Ok(KvCache { k, v, len: 0, capacity, bytes: self.cache_bytes(capacity) })
     }
 
     /// Bytes a KV cache of `capacity` positions takes.
     pub fn cache_bytes(&self, capacity: usize) -> usize {
-        2 * self.hp.n_layer * self.hp.kv_dim() * capacity * 4
+        2 * self.hp.n_layer * self.hp.kv_dim() * capacity * self.backend.kv_cache_elem_bytes()
     }
 
     /// Runs `tokens` at positions cache.len.. and appends them to the cache.
