@@ -151,8 +151,9 @@ CV_DEVICE void cv_sincos(float theta, float* s, float* c) {
 // Convention for both element types: A is a 16x16 tile stored row-major with K
 // contiguous (`ld` elements between rows), B is stored as 16 rows of N with K
 // contiguous (an "NT" GEMM, like weights [n][k]); C[r][c] += sum_k A[r][k]*B[c][k].
-// Accumulator layout (the gfx11 WMMA layout, kept by the fallback too):
-// lane l holds element i (0..7) at row 2*i + l/16, column l%16.
+// Accumulator layout: on gfx11 WMMA (and the scalar fallback) lane l holds element i
+// (0..7) at row 2*i + l/16, column l%16; on NVIDIA mma.sync see below. Kernels only
+// use cv_acc_row(i) / cv_acc_col(i).
 #if CV_AMD && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || \
                defined(__gfx1103__) || defined(__gfx1150__) || defined(__gfx1151__) || \
                defined(__gfx1152__) || defined(__gfx1153__))
@@ -170,6 +171,44 @@ CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
 }
 CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
   return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c);
+}
+#elif CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// NVIDIA sm_80+: each 16x16x16 step is two mma.sync m16n8k16 (columns 0-7 and 8-15).
+// With g = lane/4 and t = lane%4, a fragment holds rows g and g+8 of the tile at
+// K offset 4t (int8) or 2t and 2t+8 (f16): that is the A operand of mma.sync and, row
+// for row, the B operands of both column halves ("NT" tiles are K-contiguous for both).
+// Accumulator element i sits at row g + 8*((i&3)>>1), column 8*(i>>2) + 2t + (i&1).
+#define CV_HAS_WMMA 0
+#define CV_HAS_MMA_SYNC 1
+struct cv_frag_i8 { int lo, hi; };          // rows g, g+8: 4 int8 each
+struct cv_frag_f16 { unsigned r[4]; };       // rows g, g+8 at k 2t; rows g, g+8 at k 2t+8
+CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) {
+  const unsigned lane = cv_lane(), g = lane >> 2, t = lane & 3;
+  return cv_frag_i8{*(const int*)(tile + g * ld + 4 * t), *(const int*)(tile + (g + 8) * ld + 4 * t)};
+}
+CV_DEVICE cv_frag_f16 cv_load_frag_f16(const cv_half* tile, int ld) {
+  const unsigned lane = cv_lane(), g = lane >> 2, t = lane & 3;
+  const cv_half* r0 = tile + g * ld + 2 * t;
+  const cv_half* r1 = tile + (g + 8) * ld + 2 * t;
+  return cv_frag_f16{{*(const unsigned*)r0, *(const unsigned*)r1, *(const unsigned*)(r0 + 8), *(const unsigned*)(r1 + 8)}};
+}
+CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
+  int c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4], c5 = c[5], c6 = c[6], c7 = c[7];
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+               : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3) : "r"(a.lo), "r"(a.hi), "r"(b.lo));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+               : "+r"(c4), "+r"(c5), "+r"(c6), "+r"(c7) : "r"(a.lo), "r"(a.hi), "r"(b.hi));
+  return (cv_v8i){c0, c1, c2, c3, c4, c5, c6, c7};
+}
+CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
+  float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4], c5 = c[5], c6 = c[6], c7 = c[7];
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[2]));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c4), "+f"(c5), "+f"(c6), "+f"(c7)
+               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[1]), "r"(b.r[3]));
+  return (cv_v8f){c0, c1, c2, c3, c4, c5, c6, c7};
 }
 #else
 // Portable fallback: a fragment is a view of the tile in shared memory and
@@ -203,5 +242,10 @@ CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
 }
 #endif
 // Row and column of accumulator element i for this lane.
+#if defined(CV_HAS_MMA_SYNC)
+CV_DEVICE int cv_acc_row(int i) { return (int)(cv_lane() >> 2) + 8 * ((i & 3) >> 1); }
+CV_DEVICE int cv_acc_col(int i) { return 8 * (i >> 2) + 2 * (int)(cv_lane() & 3) + (i & 1); }
+#else
 CV_DEVICE int cv_acc_row(int i) { return 2 * i + (int)(cv_lane() >> 4); }
-CV_DEVICE int cv_acc_col() { return (int)(cv_lane() & 15); }
+CV_DEVICE int cv_acc_col(int i) { (void)i; return (int)(cv_lane() & 15); }
+#endif

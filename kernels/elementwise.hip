@@ -39,3 +39,21 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_softmax(float* x, int n, float scal
   const float inv = 1.0f / sum;
   for (int i = tid; i < n; i += 256) row[i] *= inv;
 }
+
+// x[i] += y[i] over f32 [n] (the residual adds).
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_add(float* x, const float* y, int n) {
+  const long i = (long)cv_bid_x() * 256 + cv_tid_x();
+  if (i < n) x[i] += y[i];
+}
+
+// x[i] += b[i % width] over f32 [n] (bias of each row of a [rows][width] matrix).
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_add_bias(float* x, const float* b, int n, int width) {
+  const long i = (long)cv_bid_x() * 256 + cv_tid_x();
+  if (i < n) x[i] += b[i % width];
+}
+
+// y[i] = (f16)x[i] over [n]: GEMM activations and the f16 KV cache stores.
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_f32_to_f16(const float* x, cv_half* y, int n) {
+  const long i = (long)cv_bid_x() * 256 + cv_tid_x();
+  if (i < n) y[i] = (cv_half)x[i];
+}

@@ -63,7 +63,7 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
   CV_UNROLL for (int i = 0; i < TM; ++i)
     CV_UNROLL for (int j = 0; j < TN; ++j)
       CV_UNROLL for (int e = 0; e < 8; ++e) {
-        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col();
+        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col(e);
         if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
       }
 }

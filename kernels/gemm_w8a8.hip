@@ -67,9 +67,8 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
         cv_v8i dot = {0, 0, 0, 0, 0, 0, 0, 0};
         dot = cv_mma_i8(a_lo, cv_load_frag_i8(w_sub, kTileStride), dot);
         dot = cv_mma_i8(a_hi, cv_load_frag_i8(w_sub + 16, kTileStride), dot);
-        const float ws = w_scale[wn + j * 16 + cv_acc_col()];
         CV_UNROLL for (int e = 0; e < 8; ++e)
-          acc[i][j][e] += (float)dot[e] * (a_scale[wm + i * 16 + cv_acc_row(e)] * ws);
+          acc[i][j][e] += (float)dot[e] * (a_scale[wm + i * 16 + cv_acc_row(e)] * w_scale[wn + j * 16 + cv_acc_col(e)]);
       }
     }
     cv_sync();
@@ -83,7 +82,7 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
   CV_UNROLL for (int i = 0; i < TM; ++i)
     CV_UNROLL for (int j = 0; j < TN; ++j)
       CV_UNROLL for (int e = 0; e < 8; ++e) {
-        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col();
+        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col(e);
         if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
       }
 }

@@ -66,3 +66,20 @@ kernels-gate: ## Fail if any gfx1151 kernel spills or uses scratch (both clangs)
 	  d=$(BUILD)/$$($$c --version | sed -n '1s/.*clang version \([0-9][0-9.]*\).*/clang-\1/p'); \
 	  $(KERNELS_CIVETTA) kernels gate $$d --allowlist $(KERNELS_ALLOWLIST) || rc=1; \
 	done; exit $$rc
+
+# ---- NVIDIA path of the same sources: PTX for the CUDA backend (docs/GPU.md) ----
+# The driver JIT-compiles the PTX for the GPU it runs on; mma.sync needs sm_80+ and PTX 8.0.
+CUDA_ARCH ?= sm_90
+PTX_FLAGS := -x cuda --cuda-device-only -nocudainc -nocudalib -O3 -std=c++17 -Wall -Werror \
+  -Xclang -target-feature -Xclang +ptx80
+PTX_OUT := $(KERNELS_OUT)/$(CUDA_ARCH)
+PTX_OUTPUTS := $(foreach k,$(KERNEL_NAMES),$(PTX_OUT)/$(k).ptx)
+
+$(PTX_OUT)/%.ptx: kernels/%.hip kernels/civetta_gpu.h
+	@mkdir -p $(@D)
+	$(CLANG) $(PTX_FLAGS) --cuda-gpu-arch=$(CUDA_ARCH) -S $< -o $@
+
+.PHONY: kernels-ptx
+kernels-ptx: kernels-check-clang $(PTX_OUTPUTS) ## Compile the kernels to PTX for the CUDA backend: CLANG=clang-22 CUDA_ARCH=sm_90
+	@$(CLANG) --version > $(PTX_OUT)/compiler.txt
+	@echo "kernels-ptx: $(words $(PTX_OUTPUTS)) PTX files in $(PTX_OUT)"

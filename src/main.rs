@@ -84,6 +84,8 @@ struct GenerateArgs {
     ignore_eos: bool,
     #[arg(short, long, default_value_t = 0)]
     threads: usize,
+    #[command(flatten)]
+    backend: civetta::backend::BackendArgs,
     /// Print the final summary (text, token ids, timings) as JSON on stdout instead of the text.
     #[arg(long)]
     json: bool,
@@ -111,6 +113,8 @@ struct LogitsArgs {
     tokens: String,
     #[arg(short, long, default_value_t = 0)]
     threads: usize,
+    #[command(flatten)]
+    backend: civetta::backend::BackendArgs,
 }
 
 #[derive(clap::Args)]
@@ -177,6 +181,8 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let engine = Engine::load(EngineConfig {
         model_path: a.model.clone(),
         threads: a.threads,
+        backend: a.backend.backend.clone(),
+        gpu: a.backend.gpu_options(),
         max_active_sequences: 1,
         context_length: a.context,
         ..EngineConfig::default()
@@ -278,7 +284,7 @@ fn info(a: InfoArgs) -> anyhow::Result<()> {
 
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     let tokens = parse_ids(&a.tokens)?;
-    let be = civetta::backend::create("cpu", a.threads)?;
+    let be = civetta::backend::create_with(&a.backend.backend, a.threads, &a.backend.gpu_options())?;
     let model = civetta::model::load_file(&a.model, be)?;
     let all = civetta::model::all_logits(&model, &tokens)?;
     let rows: Vec<&[f32]> = all.chunks(model.hp.n_vocab).collect();

@@ -5,6 +5,7 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
+pub mod gpu;
 
 use crate::gguf::{GgmlType, GgufFile};
 use std::any::Any;
@@ -52,6 +53,10 @@ pub trait Backend: Send + Sync {
     fn variant(&self) -> &'static str;
     /// Whether this backend can compute with weights of this type.
     fn supports(&self, t: GgmlType) -> bool;
+    /// Refuses model shapes this backend has no kernels for (checked before loading weights).
+    fn check_model(&self, _hp: &crate::model::HParams) -> anyhow::Result<()> {
+        Ok(())
+    }
 
     /// Makes a tensor of the model file usable by this backend (borrowed from the mmap on CPU).
     fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight>;
@@ -102,14 +107,99 @@ pub trait Backend: Send + Sync {
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer);
     /// Waits for queued work (no-op on CPU).
     fn synchronize(&self) {}
+    /// The first error of an op since the last call. GPU ops are queued and cannot return
+    /// one; the forward pass checks this once per step.
+    fn take_error(&self) -> Option<anyhow::Error> {
+        None
+    }
+    /// What a benchmark fingerprint records about this backend.
+    fn fingerprint(&self) -> serde_json::Value {
+        serde_json::json!({ "name": self.name(), "variant": self.variant() })
+    }
 }
 
-/// Creates the backend named in the config. "auto" picks the best available.
-pub fn create(name: &str, threads: usize) -> anyhow::Result<Arc<dyn Backend>> {
-    match name {
-        "cpu" | "auto" => Ok(Arc::new(cpu::CpuBackend::new(threads)?)),
-        other => {
-            anyhow::bail!("backend \"{other}\" is not available in this build (available: cpu; GPU backends need --features hip or cuda)")
+/// Backend choice on the command line (`generate`, `bench`, `logits`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// Compute backend: cpu, cuda, hip or auto.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Kernel folder of a GPU backend (default: the newest build/kernels/<compiler>/<arch>).
+    #[arg(long)]
+    pub kernel_dir: Option<std::path::PathBuf>,
+    /// GPU device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu_device: usize,
+    /// Load the sched_barrier builds of the GEMM kernels.
+    #[arg(long)]
+    pub sched_barrier: bool,
+}
+
+impl BackendArgs {
+    pub fn gpu_options(&self) -> gpu::GpuOptions {
+        gpu::GpuOptions {
+            device: self.gpu_device,
+            kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
+            sched_barrier: self.sched_barrier,
+            weights: String::new(),
         }
+    }
+}
+
+/// Backends compiled into this binary, in the order "auto" tries them.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg!(feature = "hip") {
+        v.push("hip");
+    }
+    if cfg!(feature = "cuda") {
+        v.push("cuda");
+    }
+    v.push("cpu");
+    v
+}
+
+/// Creates the CPU backend, or a GPU backend with default options (see [`create_with`]).
+pub fn create(name: &str, threads: usize) -> anyhow::Result<Arc<dyn Backend>> {
+    create_with(name, threads, &gpu::GpuOptions::default())
+}
+
+/// Creates the backend named in the config: "cpu", "hip", "cuda", or "auto" (the first GPU
+/// backend that finds a device, else the CPU one, saying so in the log). A GPU backend asked
+/// for by name never falls back: without its device it is an error.
+pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<Arc<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Arc::new(cpu::CpuBackend::new(threads)?)),
+        "auto" => {
+            for gpu_name in compiled_backends().into_iter().filter(|b| *b != "cpu") {
+                match create_gpu(gpu_name, gpu_opts) {
+                    Ok(b) => return Ok(b),
+                    Err(e) => tracing::warn!(backend = gpu_name, error = %format!("{e:#}"), "backend auto: GPU backend unavailable"),
+                }
+            }
+            tracing::info!("backend auto: using the CPU backend");
+            Ok(Arc::new(cpu::CpuBackend::new(threads)?))
+        }
+        "hip" | "cuda" => create_gpu(name, gpu_opts),
+        other => anyhow::bail!("unknown backend \"{other}\" (expected cpu, hip, cuda or auto)"),
+    }
+}
+
+#[allow(unused_variables)]
+fn create_gpu(name: &str, opts: &gpu::GpuOptions) -> anyhow::Result<Arc<dyn Backend>> {
+    match name {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            if !opts.weights.is_empty() && opts.weights != "device" {
+                anyhow::bail!("cuda backend: engine.gpu.weights = \"{}\" is not supported (only \"device\")", opts.weights);
+            }
+            Ok(Arc::new(gpu::GpuBackend::new(gpu::cuda::CudaApi::new(opts.device)?, opts)?))
+        }
+        #[cfg(feature = "hip")]
+        "hip" => Ok(Arc::new(gpu::GpuBackend::new(gpu::hip::HipApi::new(opts.device, &opts.weights)?, opts)?)),
+        _ => anyhow::bail!(
+            "backend \"{name}\" is not available in this build (compiled: {}); rebuild with `cargo build --release --features {name}`",
+            compiled_backends().join(", ")
+        ),
     }
 }

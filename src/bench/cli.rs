@@ -35,6 +35,8 @@ pub struct BenchArgs {
     /// CPU threads (0 = all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub backend: crate::backend::BackendArgs,
     #[arg(short = 'o', long, value_enum, default_value = "md")]
     pub output: Format,
     /// Also write the JSON report here.
@@ -111,6 +113,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
         let plan = super::local::LocalPlan {
             model: args.model.clone(),
             threads: args.threads,
+            backend: args.backend.backend.clone(),
+            gpu: args.backend.gpu_options(),
             pp: args.pp.clone(),
             tg: args.tg.clone(),
             depths: args.depth.clone(),

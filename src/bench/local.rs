@@ -17,6 +17,9 @@ pub const HASH_PROMPTS: [&str; 4] = [
 pub struct LocalPlan {
     pub model: std::path::PathBuf,
     pub threads: usize,
+    /// "cpu", "cuda", "hip" or "auto".
+    pub backend: String,
+    pub gpu: crate::backend::gpu::GpuOptions,
     pub pp: Vec<usize>,
     pub tg: Vec<usize>,
     pub depths: Vec<usize>,
@@ -35,7 +38,8 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         plan.pp.iter().copied().max().unwrap_or(0).max(max_depth + plan.tg.iter().copied().max().unwrap_or(0) + 2) + plan.hash_tokens + 64;
     let cfg = EngineConfig {
         model_path: plan.model.clone(),
-        backend: "cpu".into(),
+        backend: plan.backend.clone(),
+        gpu: plan.gpu.clone(),
         threads: plan.threads,
         max_active_sequences: 1,
         max_queue: 4,
@@ -112,7 +116,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         civetta_version: crate::build_info::VERSION.into(),
         git_sha: crate::build_info::GIT_SHA.into(),
         started_at,
-        fingerprint: super::cli::local_fingerprint("cpu"),
+        fingerprint: with_backend(super::cli::local_fingerprint(&info.backend), engine.model().backend().fingerprint()),
         model: ModelIdentity {
             path: info.path.display().to_string(),
             file_sha256: info.file_sha256.clone(),
@@ -212,4 +216,13 @@ pub(crate) fn now_rfc3339() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The environment fingerprint plus what the backend reports about itself (device, kernel
+/// folder and compiler for GPU backends), under "backend".
+fn with_backend(mut fingerprint: serde_json::Value, backend: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = fingerprint.as_object_mut() {
+        obj.insert("backend".into(), backend);
+    }
+    fingerprint
 }

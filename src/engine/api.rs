@@ -22,8 +22,11 @@ impl Default for KernelTimingConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EngineConfig {
     pub model_path: PathBuf,
-    /// "cpu" (embedded default); GPU backends come later ("hip", "cuda", "auto").
+    /// "cpu" (embedded default), "hip", "cuda" or "auto" (first GPU found, else CPU).
     pub backend: String,
+    /// Options of the GPU backends (kernel folder, device, weight placement).
+    #[serde(default)]
+    pub gpu: crate::backend::gpu::GpuOptions,
     /// CPU threads; 0 = all cores.
     pub threads: usize,
     /// Sequences decoded concurrently.
@@ -42,6 +45,7 @@ impl Default for EngineConfig {
         EngineConfig {
             model_path: PathBuf::from("models/default.gguf"),
             backend: "cpu".into(),
+            gpu: Default::default(),
             threads: 0,
             max_active_sequences: 4,
             max_queue: 64,

@@ -78,7 +78,7 @@ impl Engine {
     pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
         let file = Arc::new(GgufFile::open(&cfg.model_path)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
-        let be = backend::create(&cfg.backend, cfg.threads)?;
+        let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
         let model = Arc::new(Model::load(file.clone(), be)?);
         let hp = &model.hp;

@@ -72,6 +72,7 @@ pub enum Logits {
 impl Model {
     pub fn load(file: Arc<GgufFile>, backend: Arc<dyn Backend>) -> anyhow::Result<Model> {
         let hp = HParams::from_gguf(&file)?;
+        backend.check_model(&hp)?;
         let w = |name: &str| backend.load_weight(&file, name);
         let opt = |name: &str| -> anyhow::Result<Option<Weight>> {
             if file.tensor(name).is_some() {
@@ -209,7 +210,13 @@ impl Model {
         cache.len += n;
 
         let rows = match which {
-            Logits::None => return Ok(Vec::new()),
+            Logits::None => {
+                be.synchronize();
+                return match be.take_error() {
+                    Some(e) => Err(e),
+                    None => Ok(Vec::new()),
+                };
+            }
             Logits::Last => {
                 let mut last = be.alloc(d)?;
                 be.copy_row(&x, n - 1, d, &mut last);
@@ -224,6 +231,9 @@ impl Model {
         be.matmul(out_w, &h, rows, &mut logits);
         let mut host = vec![0f32; rows * hp.n_vocab];
         be.read(&logits, 0, &mut host);
+        if let Some(e) = be.take_error() {
+            return Err(e.context("GPU forward pass"));
+        }
         Ok(host)
     }
 }

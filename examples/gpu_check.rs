@@ -1,0 +1,122 @@
+//! GPU backend vs CPU backend on synthetic models of every arch and weight type.
+//!
+//! For each model: logits of a 160-token prompt (teacher forcing, the prefill GEMM path)
+//! compared row by row (relative L2 error, argmax agreement), then 64 greedy decode steps
+//! (the mat-vec path) compared token by token. A greedy divergence passes only as a near
+//! tie: the CPU's top-2 margin at that step under 1% of its largest |logit|, the same rule
+//! as the numpy reference tests (docs/REFERENCE.md). Exit code 1 on any failure.
+//!
+//! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3]
+//!                  [--quants f32,f16,...] [--size small]
+//! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
+
+use civetta::backend::gpu::GpuOptions;
+use civetta::gguf::{GgmlType, GgufFile};
+use civetta::model::{Logits, Model};
+use civetta::synth::{synth_model, SynthSpec};
+use std::sync::Arc;
+
+/// Largest relative L2 error of a logits row accepted, by weight type. The GPU keeps f16
+/// copies of non-Q8_0 matrices and an f16 KV cache, and its decode mat-vec multiplies f32
+/// activations where the CPU quantises them to 8 bits, so quantised models differ more.
+fn tolerance(t: GgmlType) -> f64 {
+    match t {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-2,
+        _ => 5e-2,
+    }
+}
+
+const NEAR_TIE: f64 = 1e-2;
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+}
+
+fn argmax(r: &[f32]) -> usize {
+    r.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
+}
+
+/// Top-1 minus top-2 logit, relative to the largest |logit|.
+fn relative_margin(r: &[f32]) -> f64 {
+    let mut s: Vec<f32> = r.to_vec();
+    s.sort_by(|a, b| b.total_cmp(a));
+    let scale = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    ((s[0] - s[1]) / scale) as f64
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn greedy(model: &Model, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u32>, Vec<f64>)> {
+    let mut cache = model.new_cache(prompt.len() + steps + 1)?;
+    let mut logits = model.forward(&mut cache, prompt, Logits::Last)?;
+    let (mut out, mut margins) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let t = argmax(&logits) as u32;
+        margins.push(relative_margin(&logits));
+        out.push(t);
+        logits = model.forward(&mut cache, &[t], Logits::Last)?;
+    }
+    Ok((out, margins))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let backend = arg(&args, "--backend", "cuda");
+    let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), ..Default::default() };
+    let archs = arg(&args, "--archs", "llama,qwen2,qwen3");
+    let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q4_k,q5_k,q6_k");
+    let size = arg(&args, "--size", "small");
+    let dir = tempfile::tempdir()?;
+    let cpu = civetta::backend::create("cpu", 0)?;
+    let gpu = civetta::backend::create_with(&backend, 0, &opts)?;
+    println!("backend {} ({}), CPU reference {}", gpu.name(), gpu.fingerprint(), cpu.variant());
+    println!("| model | prefill rel. L2 err (max) | tolerance | argmax agree | greedy 64 | result |");
+    println!("|---|---:|---:|---:|---|---|");
+    let mut failures = 0;
+    for arch in archs.split(',') {
+        for q in quants.split(',') {
+            let t = GgmlType::parse(q).ok_or_else(|| anyhow::anyhow!("unknown type {q}"))?;
+            let spec = SynthSpec::preset(arch, t, &size)?;
+            let path = dir.path().join(format!("{arch}-{q}.gguf"));
+            synth_model(&spec, &path)?;
+            let file = Arc::new(GgufFile::open(&path)?);
+            let m_cpu = Model::load(file.clone(), cpu.clone())?;
+            let m_gpu = Model::load(file, gpu.clone())?;
+            let prompt: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % spec.vocab as u32).collect();
+            let a = civetta::model::all_logits(&m_cpu, &prompt)?;
+            let b = civetta::model::all_logits(&m_gpu, &prompt)?;
+            let v = spec.vocab;
+            let (mut worst, mut agree) = (0f64, 0);
+            for (rc, rg) in a.chunks(v).zip(b.chunks(v)) {
+                worst = worst.max(rel_l2(rg, rc));
+                agree += usize::from(argmax(rc) == argmax(rg));
+            }
+            let (tc, margins) = greedy(&m_cpu, &prompt[..8], 64)?;
+            let (tg, _) = greedy(&m_gpu, &prompt[..8], 64)?;
+            let diverge = tc.iter().zip(&tg).position(|(x, y)| x != y);
+            let (greedy_text, greedy_ok) = match diverge {
+                None => ("equal".to_string(), true),
+                Some(i) if margins[i] < NEAR_TIE => (format!("tie at step {i} (margin {:.1e})", margins[i]), true),
+                Some(i) => (format!("DIFFER at step {i} (margin {:.1e})", margins[i]), false),
+            };
+            let ok = worst < tolerance(t) && greedy_ok;
+            failures += usize::from(!ok);
+            println!(
+                "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {} |",
+                tolerance(t),
+                prompt.len(),
+                if ok { "ok" } else { "FAIL" }
+            );
+        }
+    }
+    if failures > 0 {
+        eprintln!("gpu_check: {failures} model(s) outside tolerance");
+        std::process::exit(1);
+    }
+    println!("gpu_check: all models within tolerance");
+    Ok(())
+}

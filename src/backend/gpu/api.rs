@@ -1,0 +1,76 @@
+//! The thin driver interface the shared GPU backend is written against.
+//!
+//! One implementation per vendor runtime (`cuda.rs` over the CUDA driver API through cudarc,
+//! `hip.rs` over the HIP runtime through hip-runtime-sys). Everything above it (weight
+//! formats, kernel choice, launch geometry, timing, buffer pooling) lives once in `mod.rs`,
+//! so the HIP and CUDA paths differ only in these calls and in the compiled kernels.
+//!
+//! All work goes to one stream per device, in order; host copies into the device are
+//! stream-ordered and the host memory may be reused as soon as the call returns.
+
+use crate::kernel_registry::KernelResources;
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// A device address.
+pub type DevicePtr = u64;
+
+/// A loaded kernel function (a `CUfunction` / `hipFunction_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionHandle(pub u64);
+
+/// A timing event (`CUevent` / `hipEvent_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventHandle(pub u64);
+
+pub trait GpuApi: Send + Sync + 'static {
+    /// "cuda" or "hip".
+    fn backend_name(&self) -> &'static str;
+    /// Marketing name of the device, e.g. "NVIDIA H200".
+    fn device_name(&self) -> String;
+    /// Compile target of the device: "sm_90", "gfx1151".
+    fn arch(&self) -> String;
+    /// Extension of the kernel images this runtime loads ("ptx", "hsaco").
+    fn kernel_extension(&self) -> &'static str;
+    /// Unit of `KernelResources::occupancy` ("blocks_per_sm", "waves_per_simd").
+    fn occupancy_unit(&self) -> &'static str;
+
+    fn alloc(&self, bytes: usize) -> anyhow::Result<DevicePtr>;
+    fn free(&self, ptr: DevicePtr);
+    /// Host to device, ordered on the stream; `src` may be reused when this returns.
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()>;
+    /// Device to host after all queued work; blocks until the bytes are in `dst`.
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()>;
+    /// Device to device, ordered on the stream.
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()>;
+
+    /// Loads one kernel image (PTX text or an AMDGPU code object).
+    fn load_module(&self, image: &[u8]) -> anyhow::Result<u64>;
+    fn function(&self, module: u64, name: &str) -> anyhow::Result<FunctionHandle>;
+    /// Queues a launch. `params` point at the kernel arguments, in order.
+    ///
+    /// # Safety
+    /// The parameters must match the kernel's signature and every pointer argument must
+    /// address live device memory large enough for the launch geometry.
+    unsafe fn launch(
+        &self,
+        f: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> anyhow::Result<()>;
+
+    fn event_create(&self) -> anyhow::Result<EventHandle>;
+    fn event_record(&self, e: EventHandle) -> anyhow::Result<()>;
+    /// Time between two recorded events that have completed.
+    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration>;
+    fn event_destroy(&self, e: EventHandle);
+    /// Waits for everything queued on the stream.
+    fn synchronize(&self) -> anyhow::Result<()>;
+
+    /// Static resources of a loaded kernel at a block size: registers, local/scratch and
+    /// shared/LDS bytes from the driver or the code object, and the occupancy they allow.
+    /// `image` is the module the function came from (HIP reads its metadata note).
+    fn resources(&self, image: &[u8], name: &str, f: FunctionHandle, block_threads: u32) -> Option<KernelResources>;
+}

@@ -1,0 +1,245 @@
+//! CUDA driver API through cudarc's raw bindings, loaded at run time (`dynamic-loading`):
+//! the binary builds and starts without CUDA installed, and `civetta serve --backend cuda`
+//! on a host without the NVIDIA driver fails with one clear line instead of a link error.
+
+use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi};
+use crate::kernel_registry::KernelResources;
+use anyhow::{bail, Context};
+use cudarc::driver::sys;
+use std::ffi::{c_void, CStr, CString};
+use std::time::Duration;
+
+pub struct CudaApi {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    name: String,
+    arch: String,
+}
+
+// SAFETY: CUDA contexts and streams may be used from any thread once made current there;
+// every entry point below makes the context current first.
+unsafe impl Send for CudaApi {}
+unsafe impl Sync for CudaApi {}
+
+fn check(r: sys::CUresult, what: &str) -> anyhow::Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut msg: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string or leaves it null.
+    let text = unsafe {
+        sys::cuGetErrorString(r, &mut msg);
+        if msg.is_null() { String::new() } else { CStr::from_ptr(msg).to_string_lossy().into_owned() }
+    };
+    bail!("{what}: {r:?} ({text})")
+}
+
+impl CudaApi {
+    /// Opens device `index`: primary context and one non-blocking stream.
+    pub fn new(index: usize) -> anyhow::Result<CudaApi> {
+        // SAFETY: probing for the library has no preconditions.
+        if !unsafe { sys::is_culib_present() } {
+            bail!("cuda backend: the NVIDIA driver library (libcuda.so) was not found; this host has no usable NVIDIA GPU");
+        }
+        // SAFETY: plain driver API calls with out-pointers to locals.
+        unsafe {
+            check(sys::cuInit(0), "cuda backend: cuInit (no NVIDIA GPU or driver not loaded)")?;
+            let mut count = 0;
+            check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
+            if count <= 0 {
+                bail!("cuda backend: no NVIDIA GPU found");
+            }
+            if index >= count as usize {
+                bail!("cuda backend: device {index} asked for, {count} present");
+            }
+            let mut dev = 0;
+            check(sys::cuDeviceGet(&mut dev, index as i32), "cuDeviceGet")?;
+            let mut name = [0 as std::ffi::c_char; 256];
+            check(sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev), "cuDeviceGetName")?;
+            let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            let attr = |a: sys::CUdevice_attribute| -> anyhow::Result<i32> {
+                let mut v = 0;
+                check(sys::cuDeviceGetAttribute(&mut v, a, dev), "cuDeviceGetAttribute")?;
+                Ok(v)
+            };
+            let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+            let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let mut ctx = std::ptr::null_mut();
+            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            let mut stream = std::ptr::null_mut();
+            check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
+            Ok(CudaApi { ctx, stream, name, arch: format!("sm_{major}{minor}") })
+        }
+    }
+
+    fn current(&self) -> anyhow::Result<()> {
+        // SAFETY: the context lives as long as self.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+}
+
+impl GpuApi for CudaApi {
+    fn backend_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn arch(&self) -> String {
+        self.arch.clone()
+    }
+
+    fn kernel_extension(&self) -> &'static str {
+        "ptx"
+    }
+
+    fn occupancy_unit(&self) -> &'static str {
+        "blocks_per_sm"
+    }
+
+    fn alloc(&self, bytes: usize) -> anyhow::Result<DevicePtr> {
+        self.current()?;
+        let mut p = 0;
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc")?;
+        Ok(p)
+    }
+
+    fn free(&self, ptr: DevicePtr) {
+        if self.current().is_ok() {
+            // SAFETY: ptr came from cuMemAlloc and is freed once (DevBuf owns it).
+            unsafe { sys::cuMemFree_v2(ptr) };
+        }
+    }
+
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: from pageable memory the driver stages the bytes before returning, so
+        // `src` may be dropped afterwards; the copy is ordered on our stream.
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream) }, "cuMemcpyHtoDAsync")
+    }
+
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: dst is valid for its length; we wait for the stream before returning.
+        unsafe {
+            check(sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), self.stream), "cuMemcpyDtoHAsync")?;
+            check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        }
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: both ranges are device allocations of at least `bytes` (callers' contract).
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream) }, "cuMemcpyDtoDAsync")
+    }
+
+    fn load_module(&self, image: &[u8]) -> anyhow::Result<u64> {
+        self.current()?;
+        if image.last() != Some(&0) {
+            bail!("PTX image must be NUL-terminated");
+        }
+        let mut m = std::ptr::null_mut();
+        // SAFETY: image is a NUL-terminated PTX string that outlives the call.
+        check(unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) }, "cuModuleLoadData (PTX JIT)")?;
+        Ok(m as u64)
+    }
+
+    fn function(&self, module: u64, name: &str) -> anyhow::Result<FunctionHandle> {
+        self.current()?;
+        let cname = CString::new(name).context("kernel name")?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: module came from load_module.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, module as sys::CUmodule, cname.as_ptr()) }, "cuModuleGetFunction")?;
+        Ok(FunctionHandle(f as u64))
+    }
+
+    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> anyhow::Result<()> {
+        self.current()?;
+        check(
+            sys::cuLaunchKernel(
+                f.0 as sys::CUfunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                self.stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            "cuLaunchKernel",
+        )
+    }
+
+    fn event_create(&self) -> anyhow::Result<EventHandle> {
+        self.current()?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) }, "cuEventCreate")?;
+        Ok(EventHandle(e as u64))
+    }
+
+    fn event_record(&self, e: EventHandle) -> anyhow::Result<()> {
+        // SAFETY: e came from event_create.
+        check(unsafe { sys::cuEventRecord(e.0 as sys::CUevent, self.stream) }, "cuEventRecord")
+    }
+
+    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration> {
+        self.current()?;
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded on our stream, which the caller has drained.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.0 as sys::CUevent, end.0 as sys::CUevent) }, "cuEventElapsedTime")?;
+        Ok(Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3))
+    }
+
+    fn event_destroy(&self, e: EventHandle) {
+        // SAFETY: e came from event_create and is destroyed once.
+        unsafe { sys::cuEventDestroy_v2(e.0 as sys::CUevent) };
+    }
+
+    fn synchronize(&self) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: our stream.
+        check(unsafe { sys::cuStreamSynchronize(self.stream) }, "cuStreamSynchronize")
+    }
+
+    fn resources(&self, _image: &[u8], _name: &str, f: FunctionHandle, block_threads: u32) -> Option<KernelResources> {
+        self.current().ok()?;
+        let func = f.0 as sys::CUfunction;
+        let attr = |a: sys::CUfunction_attribute| -> Option<u32> {
+            let mut v = 0;
+            // SAFETY: func is a loaded function.
+            (unsafe { sys::cuFuncGetAttribute(&mut v, a, func) } == sys::CUresult::CUDA_SUCCESS).then_some(v.max(0) as u32)
+        };
+        use sys::CUfunction_attribute as FA;
+        let mut blocks = 0;
+        // SAFETY: as above.
+        let occ = unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, func, block_threads as i32, 0) };
+        Some(KernelResources {
+            arch: self.arch.clone(),
+            compiler: String::new(),
+            vgprs: attr(FA::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            sgprs: 0,
+            scratch_bytes: attr(FA::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            lds_bytes: attr(FA::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            spills: 0,
+            occupancy: if occ == sys::CUresult::CUDA_SUCCESS { blocks as f32 } else { 0.0 },
+            occupancy_unit: self.occupancy_unit().into(),
+        })
+    }
+}
+
+impl Drop for CudaApi {
+    fn drop(&mut self) {
+        // SAFETY: the stream is ours; the primary context is released by the driver at exit.
+        unsafe {
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}

@@ -1,0 +1,734 @@
+//! The GPU backend shared by HIP and CUDA: weight formats, kernel choice, launches, timing.
+//!
+//! Written once against [`api::GpuApi`]; `cuda.rs` and `hip.rs` only wrap their runtime.
+//! The kernels are the sources in `kernels/`, built per compiler into a kernel folder
+//! (`make kernels` for AMD code objects, `make kernels-ptx` for NVIDIA PTX).
+//!
+//! Weight formats on the device (chosen at load, see `prepare_weight`):
+//! - Q8_0: the raw blocks (decode mat-vec) and the same data split into an int8 plane and an
+//!   f16 scale plane (the W8A8 GEMM of prefill).
+//! - Q4_K, Q6_K: the raw blocks (decode mat-vec) and an f16 copy (the f16 GEMM of prefill).
+//! - every other 2-D type: an f16 copy (f16 GEMM for both).
+//! - 1-D tensors (norms, biases): f32.
+//!
+//! Activations are f32; the KV cache is f16 like llama.cpp's. Per-launch timing uses event
+//! pairs on sampled launches, resolved when the host next waits for the stream (reading the
+//! logits), so the hot path gains no synchronisation.
+
+pub mod api;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
+
+use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
+use crate::gguf::{GgmlType, GgufFile};
+use crate::kernel_registry::{self, shape_class};
+use crate::model::HParams;
+use crate::quant;
+use anyhow::{bail, Context};
+use api::{DevicePtr, EventHandle, FunctionHandle, GpuApi};
+use parking_lot::Mutex;
+use rayon::prelude::*;
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options of the GPU backends (config section `[engine.gpu]`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct GpuOptions {
+    /// Device index.
+    pub device: usize,
+    /// Folder with the compiled kernels for the device's arch (one image per kernels/*.hip).
+    /// Empty: the newest `build/kernels/<compiler>/<arch>` that exists.
+    pub kernel_dir: PathBuf,
+    /// Load the `.sb` (sched_barrier) build of the GEMM kernels where the folder has one.
+    pub sched_barrier: bool,
+    /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
+    /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
+    pub weights: String,
+}
+
+/// Decode batches up to this many rows use the mat-vec kernels; larger ones the GEMMs.
+const MATVEC_MAX_ROWS: usize = 4;
+
+/// The kernel images (one per kernels/*.hip) and the functions each exports, with the
+/// block size each is launched with.
+const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
+    ("attention", &[("attn_prefill_d64", 128), ("attn_prefill_d128", 128), ("attn_decode_d64", 128), ("attn_decode_d128", 128)]),
+    ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
+    ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256)]),
+    ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
+    ("matvec", &[("matvec_q8_0", 128), ("matvec_q4_k", 128), ("matvec_q6_k", 128)]),
+    ("norm", &[("rmsnorm", 256)]),
+    ("quantize", &[("quantize_act_q8", 256)]),
+    ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
+];
+
+#[derive(Clone, Copy)]
+struct Kernel {
+    f: FunctionHandle,
+    threads: u32,
+}
+
+/// Device buffers that went out of use, by size class, reused by later allocations.
+/// Reuse is safe without waiting: all work is ordered on the one stream.
+struct Pool {
+    free: Mutex<HashMap<usize, Vec<DevicePtr>>>,
+    release: Box<dyn Fn(DevicePtr) + Send + Sync>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for (_, ptrs) in self.free.get_mut().drain() {
+            for p in ptrs {
+                (self.release)(p);
+            }
+        }
+    }
+}
+
+/// An owned range of device memory; pooled buffers return to the pool on drop.
+struct DevBuf {
+    ptr: DevicePtr,
+    class: usize,
+    pooled: bool,
+    pool: Arc<Pool>,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.pooled {
+            self.pool.free.lock().entry(self.class).or_default().push(self.ptr);
+        } else {
+            (self.pool.release)(self.ptr);
+        }
+    }
+}
+
+/// Element type of a `Buffer` on the GPU.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Elem {
+    F32,
+    F16,
+}
+
+struct GpuBuffer {
+    mem: DevBuf,
+    elem: Elem,
+}
+
+enum WeightData {
+    /// 1-D tensors: f32.
+    Vector(DevBuf),
+    Q8_0 { blocks: DevBuf, qs: DevBuf, scales: DevBuf },
+    KQuant { blocks: DevBuf, f16: DevBuf },
+    F16(DevBuf),
+}
+
+struct GpuWeight {
+    file: Arc<GgufFile>,
+    index: usize,
+    data: WeightData,
+}
+
+fn gbuf(b: &Buffer) -> &GpuBuffer {
+    b.inner.downcast_ref::<GpuBuffer>().expect("GPU backend got a foreign buffer")
+}
+
+fn gweight(w: &Weight) -> &GpuWeight {
+    w.inner.downcast_ref::<GpuWeight>().expect("GPU backend got a foreign weight")
+}
+
+/// Kernel arguments: each value in its own 8-byte slot, passed by address.
+#[derive(Default)]
+struct Args {
+    slots: Vec<u64>,
+}
+
+impl Args {
+    fn ptr(mut self, p: DevicePtr) -> Self {
+        self.slots.push(p);
+        self
+    }
+    fn i32(mut self, v: usize) -> Self {
+        self.slots.push(i32::try_from(v).expect("kernel argument exceeds i32") as u32 as u64);
+        self
+    }
+    fn f32(mut self, v: f32) -> Self {
+        self.slots.push(v.to_bits() as u64);
+        self
+    }
+}
+
+struct PendingTiming {
+    kernel: &'static str,
+    shape: &'static str,
+    start: EventHandle,
+    end: EventHandle,
+}
+
+pub struct GpuBackend<A: GpuApi> {
+    api: Arc<A>,
+    kernels: HashMap<&'static str, Kernel>,
+    /// Kernel images by file stem, kept for resource queries.
+    images: HashMap<&'static str, Vec<u8>>,
+    kernel_dir: PathBuf,
+    compiler: String,
+    variant: &'static str,
+    weights_placement: String,
+    pool: Arc<Pool>,
+    pending: Mutex<Vec<PendingTiming>>,
+    spare_events: Mutex<Vec<EventHandle>>,
+    registered: Mutex<HashSet<(&'static str, &'static str)>>,
+    /// First error of an op since the last `take_error` (ops have no Result).
+    error: Mutex<Option<anyhow::Error>>,
+    /// Positions last uploaded for RoPE (the same for q and k of every layer of a step).
+    positions: Mutex<Option<(Vec<u32>, GpuBuffer)>>,
+}
+
+/// The folder `build/kernels/<compiler>/<arch>` with the newest compiler tag, if any.
+pub fn default_kernel_dir(root: &Path, arch: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> =
+        std::fs::read_dir(root.join("build/kernels")).ok()?.flatten().map(|e| e.path().join(arch)).filter(|p| p.is_dir()).collect();
+    found.sort_by_key(|p| version_key(p));
+    found.pop()
+}
+
+/// Sort key of ".../clang-22.1.8/<arch>": the numeric version parts.
+fn version_key(p: &Path) -> Vec<u32> {
+    let tag = p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    tag.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse().ok()).collect()
+}
+
+impl<A: GpuApi> GpuBackend<A> {
+    pub fn new(api: A, opts: &GpuOptions) -> anyhow::Result<Self> {
+        let api = Arc::new(api);
+        let arch = api.arch();
+        let kernel_dir = if opts.kernel_dir.as_os_str().is_empty() {
+            default_kernel_dir(Path::new("."), &arch).with_context(|| {
+                format!(
+                    "{} backend: no kernels for {arch} under build/kernels (build them with `{}`, or set engine.gpu.kernel_dir)",
+                    api.backend_name(),
+                    if api.kernel_extension() == "ptx" { format!("make kernels-ptx CUDA_ARCH={arch}") } else { format!("make kernels GFX={arch}") }
+                )
+            })?
+        } else {
+            opts.kernel_dir.clone()
+        };
+        let compiler = std::fs::read_to_string(kernel_dir.join("compiler.txt"))
+            .or_else(|_| std::fs::read_to_string(kernel_dir.parent().unwrap_or(&kernel_dir).join("compiler.txt")))
+            .map(|s| s.lines().next().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let release_api = api.clone();
+        let pool = Arc::new(Pool { free: Mutex::new(HashMap::new()), release: Box::new(move |p| release_api.free(p)) });
+        let mut kernels = HashMap::new();
+        let mut images = HashMap::new();
+        let variant = if opts.sched_barrier { "sb" } else { "default" };
+        for &(file, functions) in KERNEL_FILES {
+            let ext = api.kernel_extension();
+            let mut path = kernel_dir.join(format!("{file}.{ext}"));
+            if opts.sched_barrier && file.starts_with("gemm_") {
+                let sb = kernel_dir.join(format!("{file}.sb.{ext}"));
+                if sb.exists() {
+                    path = sb;
+                }
+            }
+            let mut image = std::fs::read(&path)
+                .with_context(|| format!("{} backend: reading kernel image {}", api.backend_name(), path.display()))?;
+            if ext == "ptx" {
+                image.push(0); // the driver takes PTX as a C string
+            }
+            let module = api.load_module(&image).with_context(|| format!("loading {}", path.display()))?;
+            for &(name, threads) in functions {
+                let f = api.function(module, &format!("civetta_{name}")).with_context(|| format!("{}: kernel civetta_{name}", path.display()))?;
+                kernels.insert(name, Kernel { f, threads });
+            }
+            images.insert(file, image);
+        }
+        tracing::info!(
+            backend = api.backend_name(),
+            device = %api.device_name(),
+            arch = %arch,
+            kernels = %kernel_dir.display(),
+            compiler = %compiler,
+            "GPU backend ready"
+        );
+        Ok(GpuBackend {
+            api,
+            kernels,
+            images,
+            kernel_dir,
+            compiler,
+            variant,
+            weights_placement: if opts.weights.is_empty() { "device".into() } else { opts.weights.clone() },
+            pool,
+            pending: Mutex::new(Vec::new()),
+            spare_events: Mutex::new(Vec::new()),
+            registered: Mutex::new(HashSet::new()),
+            error: Mutex::new(None),
+            positions: Mutex::new(None),
+        })
+    }
+
+    pub fn device_name(&self) -> String {
+        self.api.device_name()
+    }
+
+    pub fn kernel_dir(&self) -> &Path {
+        &self.kernel_dir
+    }
+
+    fn fail(&self, e: anyhow::Error) {
+        let mut slot = self.error.lock();
+        if slot.is_none() {
+            tracing::error!(error = %format!("{e:#}"), "GPU op failed");
+            *slot = Some(e);
+        }
+    }
+
+    fn raw_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+        let ptr = self.api.alloc(bytes.max(1))?;
+        Ok(DevBuf { ptr, class: bytes, pooled: false, pool: self.pool.clone() })
+    }
+
+    /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
+    fn pooled_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+        let class = bytes.max(256).next_power_of_two();
+        if let Some(ptr) = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop()) {
+            return Ok(DevBuf { ptr, class, pooled: true, pool: self.pool.clone() });
+        }
+        let ptr = self.api.alloc(class).with_context(|| format!("allocating {class} bytes of GPU memory"))?;
+        Ok(DevBuf { ptr, class, pooled: true, pool: self.pool.clone() })
+    }
+
+    fn upload_new(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
+        let b = self.raw_alloc(bytes.len())?;
+        self.api.upload(b.ptr, bytes)?;
+        Ok(b)
+    }
+
+    fn scratch(&self, len: usize, elem: Elem) -> anyhow::Result<GpuBuffer> {
+        let bytes = len * if elem == Elem::F32 { 4 } else { 2 };
+        Ok(GpuBuffer { mem: self.pooled_alloc(bytes)?, elem })
+    }
+
+    /// Queues one kernel, timing it with an event pair when the registry samples this call.
+    fn launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) {
+        if let Err(e) = self.try_launch(name, rows, grid, args) {
+            self.fail(e);
+        }
+    }
+
+    fn try_launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) -> anyhow::Result<()> {
+        let k = *self.kernels.get(name).with_context(|| format!("kernel {name} is not loaded"))?;
+        let shape = shape_class(rows);
+        let backend = self.api.backend_name();
+        if self.registered.lock().insert((name, shape)) {
+            let file = KERNEL_FILES.iter().find(|(_, fs)| fs.iter().any(|(n, _)| *n == name)).map(|(f, _)| *f).unwrap_or("");
+            let image = self.images.get(file).map(Vec::as_slice).unwrap_or(&[]);
+            if let Some(mut res) = self.api.resources(image, &format!("civetta_{name}"), k.f, k.threads) {
+                res.compiler = self.compiler.clone();
+                kernel_registry::set_resources(name, shape, backend, self.variant, res);
+            }
+        }
+        let grid = grid.map(|g| u32::try_from(g.max(1)).expect("grid dimension exceeds u32"));
+        let mut slots = args.slots;
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let timed = kernel_registry::should_sample(name, shape, backend, self.variant);
+        let events = if timed { Some((self.event()?, self.event()?)) } else { None };
+        if let Some((start, _)) = events {
+            self.api.event_record(start)?;
+        }
+        // SAFETY: every call site passes the arguments of the kernel's signature in order,
+        // with device pointers of buffers sized for the grid it computes.
+        unsafe { self.api.launch(k.f, grid, [k.threads, 1, 1], 0, &mut params)? };
+        if let Some((start, end)) = events {
+            self.api.event_record(end)?;
+            self.pending.lock().push(PendingTiming { kernel: name, shape, start, end });
+        }
+        Ok(())
+    }
+
+    fn event(&self) -> anyhow::Result<EventHandle> {
+        match self.spare_events.lock().pop() {
+            Some(e) => Ok(e),
+            None => self.api.event_create(),
+        }
+    }
+
+    /// Turns completed event pairs into registry samples. Call after the stream is idle.
+    fn resolve_timings(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock());
+        let backend = self.api.backend_name();
+        let mut spare = self.spare_events.lock();
+        for p in pending {
+            match self.api.event_elapsed(p.start, p.end) {
+                Ok(d) => kernel_registry::observe_sampled(p.kernel, p.shape, backend, self.variant, d),
+                Err(e) => tracing::warn!(kernel = p.kernel, error = %e, "kernel timing event unreadable"),
+            }
+            spare.push(p.start);
+            spare.push(p.end);
+        }
+    }
+
+    fn elementwise(&self, name: &'static str, n: usize, args: Args) {
+        self.launch(name, 1, [n.div_ceil(256), 1, 1], args);
+    }
+
+    /// f32 activations -> a pooled f16 copy (GEMM input).
+    fn to_f16(&self, x: &GpuBuffer, n: usize) -> anyhow::Result<GpuBuffer> {
+        let h = self.scratch(n, Elem::F16)?;
+        self.elementwise("f32_to_f16", n, Args::default().ptr(x.mem.ptr).ptr(h.mem.ptr).i32(n));
+        Ok(h)
+    }
+
+    fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
+        let (n, k) = (w.rows, w.cols);
+        let gw = gweight(w);
+        let matvec = |name: &'static str, blocks: &DevBuf| {
+            self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks.ptr).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
+        };
+        let big = rows >= 128 && n >= 128;
+        match &gw.data {
+            WeightData::Q8_0 { blocks, .. } if rows <= MATVEC_MAX_ROWS => matvec("matvec_q8_0", blocks),
+            WeightData::KQuant { blocks, .. } if rows <= MATVEC_MAX_ROWS => {
+                matvec(if w.ggml_type == GgmlType::Q4_K { "matvec_q4_k" } else { "matvec_q6_k" }, blocks)
+            }
+            WeightData::Q8_0 { qs, scales, .. } => {
+                let xq = self.pooled_alloc(rows * k)?;
+                let xs = self.scratch(rows * k / 32, Elem::F32)?;
+                let nblocks = rows * k / 32;
+                self.launch(
+                    "quantize_act_q8",
+                    rows,
+                    [nblocks.div_ceil(8), 1, 1],
+                    Args::default().ptr(x.mem.ptr).ptr(xq.ptr).ptr(xs.mem.ptr).i32(rows * k),
+                );
+                let (name, bm, bn) = if big { ("gemm_w8a8_128x128", 128, 128) } else { ("gemm_w8a8_64x64", 64, 64) };
+                self.launch(
+                    name,
+                    rows,
+                    [n.div_ceil(bn), rows.div_ceil(bm), 1],
+                    Args::default().ptr(xq.ptr).ptr(xs.mem.ptr).ptr(qs.ptr).ptr(scales.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
+                );
+            }
+            WeightData::KQuant { f16, .. } | WeightData::F16(f16) => {
+                let xh = self.to_f16(x, rows * k)?;
+                let (name, bm, bn) = if big { ("gemm_f16_128x128", 128, 128) } else { ("gemm_f16_64x64", 64, 64) };
+                self.launch(
+                    name,
+                    rows,
+                    [n.div_ceil(bn), rows.div_ceil(bm), 1],
+                    Args::default().ptr(xh.mem.ptr).ptr(f16.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
+                );
+            }
+            WeightData::Vector(_) => bail!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name),
+        }
+        Ok(())
+    }
+
+    fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
+        let info = &file.tensors[index];
+        let t = info.ggml_type;
+        let bytes = file.tensor_data(info);
+        if info.dims.len() == 1 || rows == 1 {
+            let mut v = vec![0f32; rows * cols];
+            quant::dequantize_row(t, bytes, &mut v)?;
+            return self.upload_new(bytemuck_f32(&v)).map(WeightData::Vector);
+        }
+        let row_bytes = bytes.len() / rows;
+        let dequant_f16 = || -> anyhow::Result<Vec<u16>> {
+            let mut out = vec![0u16; rows * cols];
+            out.par_chunks_mut(cols).zip(bytes.par_chunks(row_bytes)).try_for_each(|(dst, src)| -> anyhow::Result<()> {
+                let mut tmp = vec![0f32; cols];
+                quant::dequantize_row(t, src, &mut tmp)?;
+                for (d, s) in dst.iter_mut().zip(&tmp) {
+                    *d = half::f16::from_f32(*s).to_bits();
+                }
+                Ok(())
+            })?;
+            Ok(out)
+        };
+        if cols % 32 != 0 {
+            bail!("tensor \"{}\": {cols} columns, the GPU kernels need a multiple of 32", info.name);
+        }
+        Ok(match t {
+            GgmlType::Q8_0 => {
+                // block_q8_0 = f16 d + 32 int8: split into an int8 plane and an f16 scale plane.
+                let nb = rows * cols / 32;
+                let mut qs = vec![0u8; rows * cols];
+                let mut scales = vec![0u8; nb * 2];
+                for b in 0..nb {
+                    let blk = &bytes[b * 34..b * 34 + 34];
+                    scales[b * 2..b * 2 + 2].copy_from_slice(&blk[..2]);
+                    qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
+                }
+                WeightData::Q8_0 { blocks: self.upload_new(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
+            }
+            GgmlType::Q4_K | GgmlType::Q6_K => {
+                if cols % 256 != 0 {
+                    bail!("tensor \"{}\": {cols} columns is not a multiple of 256", info.name);
+                }
+                WeightData::KQuant { blocks: self.upload_new(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
+            }
+            _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
+        })
+    }
+}
+
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn bytemuck_f32_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above, and every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+fn bytemuck_u16(v: &[u16]) -> &[u8] {
+    // SAFETY: u16 has no padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+impl<A: GpuApi> Backend for GpuBackend<A> {
+    fn name(&self) -> &'static str {
+        self.api.backend_name()
+    }
+
+    fn variant(&self) -> &'static str {
+        self.variant
+    }
+
+    fn supports(&self, t: GgmlType) -> bool {
+        quant::supports(t)
+    }
+
+    fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
+        if hp.head_dim != 64 && hp.head_dim != 128 {
+            bail!("{} backend: head_dim {} has no attention kernel (64 and 128 are built)", self.api.backend_name(), hp.head_dim);
+        }
+        if hp.n_head % hp.n_head_kv != 0 {
+            bail!("{} backend: {} query heads are not a multiple of {} KV heads", self.api.backend_name(), hp.n_head, hp.n_head_kv);
+        }
+        Ok(())
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+        let index = file
+            .tensors
+            .iter()
+            .position(|t| t.name == name)
+            .with_context(|| format!("{}: tensor \"{name}\" is missing", file.path.display()))?;
+        let info = &file.tensors[index];
+        if !quant::supports(info.ggml_type) {
+            bail!("{}: tensor \"{name}\" has type {} which the GPU backend does not support", file.path.display(), info.ggml_type);
+        }
+        let cols = *info.dims.first().unwrap_or(&1) as usize;
+        let rows = info.dims.iter().skip(1).product::<u64>() as usize;
+        let data = self.prepare_weight(file, index, rows, cols).with_context(|| format!("uploading tensor \"{name}\""))?;
+        Ok(Weight { name: name.to_string(), ggml_type: info.ggml_type, rows, cols, inner: Box::new(GpuWeight { file: file.clone(), index, data }) })
+    }
+
+    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
+        Ok(Buffer { len, inner: Box::new(self.scratch(len, Elem::F32)?) })
+    }
+
+    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+        Ok(Buffer { len, inner: Box::new(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 }) })
+    }
+
+    fn kv_cache_elem_bytes(&self) -> usize {
+        2
+    }
+
+    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+        let b = gbuf(dst);
+        if let Err(e) = self.api.upload(b.mem.ptr + offset as u64 * 4, bytemuck_f32(src)) {
+            self.fail(e);
+        }
+    }
+
+    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+        let b = gbuf(src);
+        if let Err(e) = self.api.download(b.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst)) {
+            self.fail(e);
+        }
+        self.resolve_timings();
+    }
+
+    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+        // The lookup runs on the host from the mapped file: a few rows, no kernel needed.
+        let w = gweight(table);
+        let info = &w.file.tensors[w.index];
+        let bytes = w.file.tensor_data(info);
+        let row_bytes = bytes.len() / table.rows;
+        let mut host = vec![0f32; tokens.len() * table.cols];
+        for (t, dst) in tokens.iter().zip(host.chunks_mut(table.cols)) {
+            let t = *t as usize;
+            if t >= table.rows {
+                bail!("token id {t} is outside the vocabulary of {}", table.rows);
+            }
+            quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)?;
+        }
+        self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
+    }
+
+    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
+        let WeightData::Vector(wv) = &gweight(w).data else {
+            return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
+        };
+        self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps));
+    }
+
+    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
+        let WeightData::Vector(wv) = &gweight(w).data else {
+            return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
+        };
+        let p = gbuf(x).mem.ptr;
+        self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(p).ptr(wv.ptr).ptr(p).i32(dim).f32(eps));
+    }
+
+    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
+        if let Err(e) = self.try_matmul(w, gbuf(x), rows, gbuf(out)) {
+            self.fail(e);
+        }
+    }
+
+    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
+        let WeightData::Vector(bv) = &gweight(b).data else {
+            return self.fail(anyhow::anyhow!("bias \"{}\" is not 1-D", b.name));
+        };
+        let width = b.rows * b.cols;
+        self.elementwise("add_bias", rows * width, Args::default().ptr(gbuf(x).mem.ptr).ptr(bv.ptr).i32(rows * width).i32(width));
+    }
+
+    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
+        let mut cached = self.positions.lock();
+        if cached.as_ref().is_none_or(|(p, _)| p.as_slice() != positions) {
+            let upload = || -> anyhow::Result<GpuBuffer> {
+                let b = self.scratch(positions.len(), Elem::F32)?; // 4-byte slots hold the int32 positions
+                let bytes: Vec<u8> = positions.iter().flat_map(|p| (*p as i32).to_le_bytes()).collect();
+                self.api.upload(b.mem.ptr, &bytes)?;
+                Ok(b)
+            };
+            match upload() {
+                Ok(b) => *cached = Some((positions.to_vec(), b)),
+                Err(e) => return self.fail(e),
+            }
+        }
+        let pos = cached.as_ref().map(|(_, b)| b.mem.ptr).unwrap_or(0);
+        let name = if style == RopeStyle::Neox { "rope_neox" } else { "rope_norm" };
+        let pairs = n_heads * head_dim / 2;
+        self.launch(
+            name,
+            positions.len(),
+            [pairs.div_ceil(256), positions.len(), 1],
+            Args::default().ptr(gbuf(x).mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
+        );
+    }
+
+    fn kv_store(&self, k: &Buffer, v: &Buffer, k_cache: &mut Buffer, v_cache: &mut Buffer, start_pos: usize, n_tokens: usize, kv_dim: usize) {
+        let n = n_tokens * kv_dim;
+        let off = (start_pos * kv_dim * 2) as u64;
+        for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
+            debug_assert_eq!(gbuf(dst).elem, Elem::F16);
+            self.launch("f32_to_f16", n_tokens, [n.div_ceil(256), 1, 1], Args::default().ptr(gbuf(src).mem.ptr).ptr(gbuf(dst).mem.ptr + off).i32(n));
+        }
+    }
+
+    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let keys = s.start_pos + s.n_tokens;
+        let (q, kc, vc, o) = (gbuf(q).mem.ptr, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr);
+        let (decode, prefill) = match s.head_dim {
+            64 => ("attn_decode_d64", "attn_prefill_d64"),
+            128 => ("attn_decode_d128", "attn_prefill_d128"),
+            d => return self.fail(anyhow::anyhow!("no attention kernel for head_dim {d}")),
+        };
+        if s.n_tokens == 1 {
+            self.launch(decode, 1, [s.n_head, 1, 1], Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).i32(keys).i32(s.n_head).i32(s.n_head_kv).f32(scale));
+        } else {
+            self.launch(
+                prefill,
+                s.n_tokens,
+                [s.n_tokens.div_ceil(32), s.n_head, 1],
+                Args::default()
+                    .ptr(q)
+                    .ptr(kc)
+                    .ptr(vc)
+                    .ptr(o)
+                    .i32(s.n_tokens)
+                    .i32(keys)
+                    .i32(s.n_head)
+                    .i32(s.n_head_kv)
+                    .i32(s.start_pos)
+                    .f32(scale),
+            );
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        let g = gbuf(gate).mem.ptr;
+        self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n));
+    }
+
+    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
+        self.elementwise("add", n, Args::default().ptr(gbuf(x).mem.ptr).ptr(gbuf(y).mem.ptr).i32(n));
+    }
+
+    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
+        if let Err(e) = self.api.copy(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4) {
+            self.fail(e);
+        }
+    }
+
+    fn synchronize(&self) {
+        if let Err(e) = self.api.synchronize() {
+            self.fail(e);
+        }
+        self.resolve_timings();
+    }
+
+    fn take_error(&self) -> Option<anyhow::Error> {
+        self.error.lock().take()
+    }
+
+    fn fingerprint(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.api.backend_name(),
+            "variant": self.variant,
+            "device": self.api.device_name(),
+            "arch": self.api.arch(),
+            "kernel_dir": self.kernel_dir.display().to_string(),
+            "kernel_compiler": self.compiler,
+            "weights": self.weights_placement,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_compiler_folder_is_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        for tag in ["clang-19.1.7", "clang-22.1.8", "clang-9.0.0"] {
+            std::fs::create_dir_all(dir.path().join("build/kernels").join(tag).join("sm_90")).unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("build/kernels/clang-23.0.0/gfx1151")).unwrap();
+        let d = default_kernel_dir(dir.path(), "sm_90").unwrap();
+        assert!(d.ends_with("clang-22.1.8/sm_90"), "{}", d.display());
+        assert!(default_kernel_dir(dir.path(), "sm_80").is_none());
+    }
+
+    #[test]
+    fn kernel_arguments_are_slots_of_their_values() {
+        let a = Args::default().ptr(0xdead_beef_0000).i32(7).f32(1.5);
+        assert_eq!(a.slots, vec![0xdead_beef_0000, 7, 1.5f32.to_bits() as u64]);
+    }
+}
