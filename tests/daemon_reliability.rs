@@ -185,3 +185,56 @@ async fn sigterm_cancels_streams_after_the_grace_period() {
     assert!(status.success(), "{status:?}\n{}", d.stderr());
     assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
 }
+
+/// `engine.max_queue = 0`: no waiting room. A request is admitted while an active slot is
+/// free (also right after the previous stream's `done`), refused otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_queue_0_admits_only_while_a_slot_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &["--max-active", "2", "--max-queue", "0", "--context", "2048"]);
+    let mut client = d.client().await;
+    // Back to back: each request starts as soon as the previous one said done.
+    for i in 0..8 {
+        let r = generate(&mut client, greedy(&format!("sequential {i}"), 2)).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+        assert_eq!(r.ids.len(), 2);
+    }
+    let first = started(&mut client, long("slot one")).await;
+    let _second = started(&mut client, long("slot two")).await;
+    let err = client.generate(long("no room")).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.metadata().get("retry-after-ms").is_some());
+    let m = d.samples();
+    assert_eq!(m.sum("civetta_queue_depth", &[]), 0.0);
+    assert_eq!(m.sum("civetta_active_sequences", &[]), 2.0);
+    assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "queue_full")]), 1.0);
+    // One slot frees: exactly one new request fits again.
+    drop(first);
+    d.wait_metrics("one slot free", |m| m.sum("civetta_active_sequences", &[]) == 1.0);
+    let _third = started(&mut client, long("slot one again")).await;
+    assert_eq!(client.generate(long("still no room")).await.unwrap_err().code(), Code::ResourceExhausted);
+    assert_eq!(d.samples().sum("civetta_requests_rejected_total", &[("reason", "queue_full")]), 2.0);
+}
+
+/// Asking for more KV cache than the machine has is refused at start: one clear line, exit 2,
+/// before anything listens.
+#[test]
+fn kv_cache_larger_than_memory_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    // 2048 tokens x 4 layers x 2 x 64 floats = 8 MiB of KV cache per sequence; 10^8 sequences
+    // are far more than MemAvailable anywhere.
+    let out = common::civetta()
+        .args(["serve", "--model"])
+        .arg(&model)
+        .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--context", "2048", "--max-active", "100000000"])
+        .env_remove("CIVETTA_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one clear line, got: {err}");
+    assert!(err.starts_with("civetta: error: not enough memory for the KV cache"), "{err}");
+    assert!(err.contains("100000000 active sequences x 2048 tokens") && err.contains("GiB available"), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("listening"), "{err}");
+}
