@@ -238,3 +238,78 @@ fn kv_cache_larger_than_memory_is_refused_at_start() {
     assert!(err.contains("100000000 active sequences x 2048 tokens") && err.contains("GiB available"), "{err}");
     assert!(!err.contains("panicked") && !err.contains("listening"), "{err}");
 }
+
+/// /metrics never exposes request text: a distinctive marker sent through every path
+/// (completed, cancelled, rejected as invalid, as a model name, in chat, in stop sequences,
+/// through Tokenize) appears nowhere in a scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_never_expose_request_text() {
+    use civetta::proto::{ChatMessage, TokenizeRequest};
+    const MARK: &str = "okapi-4471-marker";
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "qwen2", "q8_0");
+    let d = Daemon::start(&model, &["--context", "2048"]);
+    let mut client = d.client().await;
+    let text = format!("secret {MARK} prompt");
+    let tk = client.tokenize(TokenizeRequest { text: text.clone(), ..Default::default() }).await.unwrap().into_inner();
+    assert!(tk.token_ids.len() > 3, "the marker reached the tokenizer");
+    assert_eq!(
+        generate(&mut client, GenerateRequest { stop: vec![format!("{MARK}-stop")], ..greedy(&text, 4) }).await.unwrap().ids.len(),
+        4
+    );
+    let chat = GenerateRequest {
+        prompt: String::new(),
+        messages: vec![ChatMessage { role: "user".into(), content: text.clone() }],
+        ..greedy("", 3)
+    };
+    assert_eq!(generate(&mut client, chat).await.unwrap().ids.len(), 3);
+    drop(started(&mut client, long(&text)).await);
+    for bad in [
+        GenerateRequest { max_tokens: 0, ..greedy(&text, 1) },
+        GenerateRequest { model: MARK.into(), ..greedy(&text, 1) },
+        GenerateRequest { stop: vec![String::new(), MARK.into()], ..greedy(&text, 1) },
+    ] {
+        assert_eq!(generate(&mut client, bad).await.unwrap_err().code(), Code::InvalidArgument);
+    }
+    let m = d.wait_metrics("every request counted", |m| {
+        m.sum("civetta_requests_total", &[("rpc", "Generate")]) == 6.0 && m.sum("civetta_active_sequences", &[]) == 0.0
+    });
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]), 2.0);
+    assert!(m.sum("civetta_prompt_tokens_total", &[]) > 0.0);
+    for needle in [MARK, "okapi", "secret"] {
+        assert!(!m.text.contains(needle), "/metrics contains {needle:?}:\n{}", m.text);
+    }
+    let (_, _, health) = http_get(&d.metrics, "/healthz");
+    assert!(!health.contains(MARK));
+}
+
+/// `server.max_message_bytes` bounds every request message of the service: past it the
+/// transport answers OUT_OF_RANGE before any handler runs; under it the request is decoded
+/// (and here refused by validation, being longer than the context).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_size_limit_is_configurable_and_enforced() {
+    use civetta::proto::TokenizeRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start_env(&model, &["--context", "1024"], &[("CIVETTA_SERVER__MAX_MESSAGE_BYTES", "65536")]);
+    let mut client = d.client().await;
+    let over = "word ".repeat(14_000); // 70,000 bytes
+    let under = "word ".repeat(12_000); // 60,000 bytes
+    let err = generate(&mut client, greedy(&over, 4)).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(err.message().contains("too large"), "{err:?}");
+    let err = client.tokenize(TokenizeRequest { text: over.clone(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    let err = generate(&mut client, greedy(&under, 4)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("context"), "{err:?}");
+    let ok = client.tokenize(TokenizeRequest { text: under, ..Default::default() }).await.unwrap().into_inner();
+    assert!(ok.token_ids.len() >= 12_000);
+    assert_eq!(generate(&mut client, greedy("still serving", 3)).await.unwrap().ids.len(), 3);
+    let m = d.wait_metrics("oversized requests never reached the handler", |m| {
+        m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]) == 1.0
+    });
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "INVALID_ARGUMENT")]), 1.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Tokenize"), ("code", "OK")]), 1.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("code", "OUT_OF_RANGE")]), 0.0);
+}
