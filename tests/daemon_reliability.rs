@@ -313,3 +313,46 @@ async fn request_size_limit_is_configurable_and_enforced() {
     assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Tokenize"), ("code", "OK")]), 1.0);
     assert_eq!(m.sum("civetta_requests_total", &[("code", "OUT_OF_RANGE")]), 0.0);
 }
+
+/// Models the daemon cannot run (unsupported architecture, a tensor type the backend lacks)
+/// are refused at start with one clear line and exit code 2, like missing or corrupt files
+/// (daemon_e2e::startup_errors_are_one_line_and_exit_2).
+#[test]
+fn unsupported_models_are_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(synth(dir.path(), "llama", "q8_0")).unwrap();
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle).expect("pattern in the synth file");
+    // general.architecture = "llama" (type 8 = string, length 5) -> "mamba": same length.
+    let mut arch = good.clone();
+    let at = find(&arch, b"general.architecture") + "general.architecture".len();
+    assert_eq!(&arch[at..at + 17], b"\x08\0\0\0\x05\0\0\0\0\0\0\0llama");
+    arch[at + 12..at + 17].copy_from_slice(b"mamba");
+    // The tensor info of blk.0.attn_q.weight: name, n_dims = 2, two dims, then the type id.
+    // Q8_0 (8) -> Q5_0 (6): a smaller tensor, so the file still parses.
+    let mut ttype = good.clone();
+    let name = b"blk.0.attn_q.weight";
+    let at = find(&ttype, &[&(name.len() as u64).to_le_bytes()[..], name].concat()) + 8 + name.len();
+    assert_eq!(u32::from_le_bytes(ttype[at..at + 4].try_into().unwrap()), 2);
+    let ty = at + 4 + 16;
+    assert_eq!(u32::from_le_bytes(ttype[ty..ty + 4].try_into().unwrap()), 8, "q8_0");
+    ttype[ty..ty + 4].copy_from_slice(&6u32.to_le_bytes());
+    for (bytes, file, phrase) in [
+        (arch, "arch.gguf", "unsupported architecture \"mamba\" (supported: llama, qwen2, qwen3)"),
+        (ttype, "ttype.gguf", "tensor \"blk.0.attn_q.weight\" has type q5_0 which the CPU backend does not support"),
+    ] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, bytes).unwrap();
+        let out = common::civetta()
+            .args(["serve", "--model"])
+            .arg(&path)
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+            .env_remove("CIVETTA_LOG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{file}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{file}: one clear line, got: {err}");
+        assert!(err.starts_with("civetta: error: ") && err.contains(phrase), "{file}: expected {phrase:?} in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
