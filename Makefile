@@ -34,6 +34,16 @@ chat: ## Stream a chat completion from the running daemon over gRPC
 test: ## Run the test suite (what CI runs)
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=2
 
+SOAK_REQUESTS ?= 2000
+SOAK_CONCURRENCY ?= 16
+.PHONY: soak fuzz
+soak: ## Soak the real daemon: SOAK_REQUESTS streams (2000), SOAK_CONCURRENCY at a time (16), cancels and deadlines; RSS and gauges checked
+	$(CARGO) build --bin civetta --example soak
+	target/debug/examples/soak --civetta target/debug/civetta --requests $(SOAK_REQUESTS) --concurrency $(SOAK_CONCURRENCY)
+
+fuzz: ## Run every cargo-fuzz target for FUZZ_SECONDS (60) each on stable (scripts/fuzz-ci.sh)
+	scripts/fuzz-ci.sh
+
 clean:
 	$(CARGO) clean
 	rm -rf build models

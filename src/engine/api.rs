@@ -31,7 +31,9 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Sequences decoded concurrently.
     pub max_active_sequences: usize,
-    /// Requests waiting beyond the active set; past it submit() returns QueueFull.
+    /// Requests that may wait for an active slot; past max_active_sequences + max_queue
+    /// requests in the engine, submit() returns QueueFull. 0 = no waiting: a request is
+    /// admitted only while an active slot is free.
     pub max_queue: usize,
     /// Cap on the context length (0 = the model's own).
     pub context_length: usize,

@@ -40,6 +40,8 @@ struct Inner {
 
 #[derive(Default)]
 struct Counters {
+    /// Requests in the engine (waiting or active): what admission control counts.
+    admitted: AtomicUsize,
     queued: AtomicUsize,
     active: AtomicUsize,
     kv_bytes: AtomicUsize,
@@ -206,10 +208,13 @@ impl Engine {
         let prompt = self.validate(&req).inspect_err(|_| {
             c.rejected.fetch_add(1, Ordering::Relaxed);
         })?;
-        let queued = c.queued.load(Ordering::SeqCst);
-        if queued >= self.inner.cfg.max_queue {
+        // Room for max_active_sequences running plus max_queue waiting; with max_queue = 0 a
+        // request is admitted only while an active slot is free.
+        let capacity = self.inner.cfg.max_active_sequences.max(1) + self.inner.cfg.max_queue;
+        if c.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < capacity).then_some(n + 1)).is_err() {
             c.rejected.fetch_add(1, Ordering::Relaxed);
-            // A rough hint: one queue slot frees per finished request.
+            let queued = c.queued.load(Ordering::SeqCst);
+            // A rough hint: one slot frees per finished request.
             return Err(SubmitError::QueueFull { queued, retry_after_ms: 500 + 50 * queued as u64 });
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -219,6 +224,7 @@ impl Engine {
         let sent = self.inner.submit_tx.lock().as_ref().map(|s| s.send(job).is_ok()).unwrap_or(false);
         if !sent {
             c.queued.fetch_sub(1, Ordering::SeqCst);
+            c.admitted.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);
         }
         Ok(GenerationStream { rx, prompt_tokens })
@@ -317,6 +323,8 @@ struct Seq {
     first_token_at: Option<Instant>,
     /// Logits of the last forward, waiting to be sampled.
     next_logits: Option<Vec<f32>>,
+    /// Whether this sequence still counts against admission (`Counters::admitted`).
+    admitted: bool,
 }
 
 enum StepOutcome {
@@ -352,11 +360,12 @@ fn run_worker(inner: &Inner, rx: std_mpsc::Receiver<Job>) {
         if c.shutting_down.load(Ordering::SeqCst) {
             for j in queue.drain(..) {
                 c.queued.fetch_sub(1, Ordering::SeqCst);
+                c.admitted.fetch_sub(1, Ordering::SeqCst);
                 let _ = j.tx.send(GenerationEvent::Error("engine is shutting down".into()));
             }
-            for s in active.drain(..) {
+            for mut s in active.drain(..) {
                 let _ = s.job.tx.send(GenerationEvent::Error("engine is shutting down".into()));
-                release(c, &s);
+                release(c, &mut s);
             }
             if disconnected {
                 break;
@@ -368,6 +377,7 @@ fn run_worker(inner: &Inner, rx: std_mpsc::Receiver<Job>) {
             c.queued.fetch_sub(1, Ordering::SeqCst);
             if job.tx.is_closed() {
                 c.cancelled.fetch_add(1, Ordering::Relaxed);
+                c.admitted.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
             match activate(inner, job) {
@@ -377,6 +387,7 @@ fn run_worker(inner: &Inner, rx: std_mpsc::Receiver<Job>) {
                     active.push(seq);
                 }
                 Err((job, e)) => {
+                    c.admitted.fetch_sub(1, Ordering::SeqCst);
                     let _ = job.tx.send(GenerationEvent::Error(format!("{e:#}")));
                 }
             }
@@ -398,17 +409,25 @@ fn run_worker(inner: &Inner, rx: std_mpsc::Receiver<Job>) {
             match outcome {
                 StepOutcome::Continue => i += 1,
                 StepOutcome::Finished => {
-                    let s = active.swap_remove(i);
-                    release(c, &s);
+                    let mut s = active.swap_remove(i);
+                    release(c, &mut s);
                 }
             }
         }
     }
 }
 
-fn release(c: &Counters, s: &Seq) {
+fn release(c: &Counters, s: &mut Seq) {
     c.active.fetch_sub(1, Ordering::SeqCst);
+    release_admission(c, s);
     c.kv_bytes.fetch_sub(s.cache.bytes, Ordering::SeqCst);
+}
+
+/// Gives the sequence's admission slot back (once).
+fn release_admission(c: &Counters, s: &mut Seq) {
+    if std::mem::take(&mut s.admitted) {
+        c.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 // The job comes back on failure so its stream can receive the error.
@@ -434,6 +453,7 @@ fn activate(inner: &Inner, job: Job) -> Result<Seq, (Job, anyhow::Error)> {
         decode_time: Duration::ZERO,
         first_token_at: None,
         next_logits: None,
+        admitted: true,
     })
 }
 
@@ -536,6 +556,8 @@ fn finish(inner: &Inner, s: &mut Seq, reason: FinishReason) -> StepOutcome {
         timings,
         text_tail: std::mem::take(&mut s.pending),
     };
+    // A client that sends its next request as soon as it sees Done must find the slot free.
+    release_admission(&inner.counters, s);
     let _ = s.job.tx.send(GenerationEvent::Done(summary));
     inner.counters.completed.fetch_add(1, Ordering::Relaxed);
     StepOutcome::Finished
