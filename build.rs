@@ -22,7 +22,15 @@ fn main() {
     });
     println!("cargo:rustc-env=CIVETTA_GIT_SHA={}", git_sha.unwrap_or_else(|| "unknown".into()));
     println!("cargo:rerun-if-env-changed=CIVETTA_GIT_SHA");
-    println!("cargo:rerun-if-changed=.git/HEAD");
+    // In a git worktree `.git` is a file; ask git where HEAD really lives.
+    let head = Command::new("git")
+        .args(["rev-parse", "--git-path", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| ".git/HEAD".into());
+    println!("cargo:rerun-if-changed={head}");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let rustc_version = Command::new(rustc)
         .arg("--version")

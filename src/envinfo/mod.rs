@@ -23,7 +23,7 @@
 
 pub mod cli;
 mod container;
-mod gpu;
+pub(crate) mod gpu;
 mod host;
 mod iommu;
 mod toolchain;

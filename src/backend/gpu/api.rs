@@ -41,6 +41,13 @@ pub trait GpuApi: Send + Sync + 'static {
     fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()>;
     /// Device to host after all queued work; blocks until the bytes are in `dst`.
     fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()>;
+    /// Makes host memory (a tensor in the mapped GGUF file) readable by kernels in place and
+    /// returns its device address: unified memory on Strix Halo. Not every runtime can.
+    fn map_host(&self, _bytes: &[u8]) -> anyhow::Result<DevicePtr> {
+        anyhow::bail!("{} backend: weights in host memory are not supported (use engine.gpu.weights = \"device\")", self.backend_name())
+    }
+    /// Undoes `map_host` for the host address it was given.
+    fn unmap_host(&self, _host: *const u8) {}
     /// Device to device, ordered on the stream.
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()>;
 

@@ -29,7 +29,11 @@ fn check(r: sys::CUresult, what: &str) -> anyhow::Result<()> {
     // SAFETY: cuGetErrorString writes a pointer to a static string or leaves it null.
     let text = unsafe {
         sys::cuGetErrorString(r, &mut msg);
-        if msg.is_null() { String::new() } else { CStr::from_ptr(msg).to_string_lossy().into_owned() }
+        if msg.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(msg).to_string_lossy().into_owned()
+        }
     };
     bail!("{what}: {r:?} ({text})")
 }
@@ -157,7 +161,14 @@ impl GpuApi for CudaApi {
         Ok(FunctionHandle(f as u64))
     }
 
-    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> anyhow::Result<()> {
+    unsafe fn launch(
+        &self,
+        f: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        params: &mut [*mut c_void],
+    ) -> anyhow::Result<()> {
         self.current()?;
         check(
             sys::cuLaunchKernel(

@@ -78,6 +78,7 @@ struct Kernel {
 struct Pool {
     free: Mutex<HashMap<usize, Vec<DevicePtr>>>,
     release: Box<dyn Fn(DevicePtr) + Send + Sync>,
+    unmap: Box<dyn Fn(u64) + Send + Sync>,
 }
 
 impl Drop for Pool {
@@ -90,17 +91,21 @@ impl Drop for Pool {
     }
 }
 
-/// An owned range of device memory; pooled buffers return to the pool on drop.
+/// An owned range of device memory; pooled buffers return to the pool on drop. `host` is
+/// the host address of a mapped tensor (0 for device memory).
 struct DevBuf {
     ptr: DevicePtr,
     class: usize,
     pooled: bool,
+    host: u64,
     pool: Arc<Pool>,
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if self.pooled {
+        if self.host != 0 {
+            (self.pool.unmap)(self.host);
+        } else if self.pooled {
             self.pool.free.lock().entry(self.class).or_default().push(self.ptr);
         } else {
             (self.pool.release)(self.ptr);
@@ -123,8 +128,15 @@ struct GpuBuffer {
 enum WeightData {
     /// 1-D tensors: f32.
     Vector(DevBuf),
-    Q8_0 { blocks: DevBuf, qs: DevBuf, scales: DevBuf },
-    KQuant { blocks: DevBuf, f16: DevBuf },
+    Q8_0 {
+        blocks: DevBuf,
+        qs: DevBuf,
+        scales: DevBuf,
+    },
+    KQuant {
+        blocks: DevBuf,
+        f16: DevBuf,
+    },
     F16(DevBuf),
 }
 
@@ -179,6 +191,8 @@ pub struct GpuBackend<A: GpuApi> {
     compiler: String,
     variant: &'static str,
     weights_placement: String,
+    /// Raw weight blocks stay in the mapped file (`map_host`) instead of being copied.
+    host_weights: bool,
     pool: Arc<Pool>,
     pending: Mutex<Vec<PendingTiming>>,
     spare_events: Mutex<Vec<EventHandle>>,
@@ -212,7 +226,11 @@ impl<A: GpuApi> GpuBackend<A> {
                 format!(
                     "{} backend: no kernels for {arch} under build/kernels (build them with `{}`, or set engine.gpu.kernel_dir)",
                     api.backend_name(),
-                    if api.kernel_extension() == "ptx" { format!("make kernels-ptx CUDA_ARCH={arch}") } else { format!("make kernels GFX={arch}") }
+                    if api.kernel_extension() == "ptx" {
+                        format!("make kernels-ptx CUDA_ARCH={arch}")
+                    } else {
+                        format!("make kernels GFX={arch}")
+                    }
                 )
             })?
         } else {
@@ -222,8 +240,17 @@ impl<A: GpuApi> GpuBackend<A> {
             .or_else(|_| std::fs::read_to_string(kernel_dir.parent().unwrap_or(&kernel_dir).join("compiler.txt")))
             .map(|s| s.lines().next().unwrap_or("").trim().to_string())
             .unwrap_or_else(|_| "unknown".into());
-        let release_api = api.clone();
-        let pool = Arc::new(Pool { free: Mutex::new(HashMap::new()), release: Box::new(move |p| release_api.free(p)) });
+        let (release_api, unmap_api) = (api.clone(), api.clone());
+        let pool = Arc::new(Pool {
+            free: Mutex::new(HashMap::new()),
+            release: Box::new(move |p| release_api.free(p)),
+            unmap: Box::new(move |h| unmap_api.unmap_host(h as *const u8)),
+        });
+        let host_weights = match opts.weights.as_str() {
+            "" | "device" => false,
+            "host" => true,
+            other => bail!("engine.gpu.weights = \"{other}\": expected \"device\" or \"host\""),
+        };
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
         let variant = if opts.sched_barrier { "sb" } else { "default" };
@@ -236,14 +263,16 @@ impl<A: GpuApi> GpuBackend<A> {
                     path = sb;
                 }
             }
-            let mut image = std::fs::read(&path)
-                .with_context(|| format!("{} backend: reading kernel image {}", api.backend_name(), path.display()))?;
+            let mut image =
+                std::fs::read(&path).with_context(|| format!("{} backend: reading kernel image {}", api.backend_name(), path.display()))?;
             if ext == "ptx" {
                 image.push(0); // the driver takes PTX as a C string
             }
             let module = api.load_module(&image).with_context(|| format!("loading {}", path.display()))?;
             for &(name, threads) in functions {
-                let f = api.function(module, &format!("civetta_{name}")).with_context(|| format!("{}: kernel civetta_{name}", path.display()))?;
+                let f = api
+                    .function(module, &format!("civetta_{name}"))
+                    .with_context(|| format!("{}: kernel civetta_{name}", path.display()))?;
                 kernels.insert(name, Kernel { f, threads });
             }
             images.insert(file, image);
@@ -263,7 +292,8 @@ impl<A: GpuApi> GpuBackend<A> {
             kernel_dir,
             compiler,
             variant,
-            weights_placement: if opts.weights.is_empty() { "device".into() } else { opts.weights.clone() },
+            weights_placement: if host_weights { "host".into() } else { "device".into() },
+            host_weights,
             pool,
             pending: Mutex::new(Vec::new()),
             spare_events: Mutex::new(Vec::new()),
@@ -291,17 +321,26 @@ impl<A: GpuApi> GpuBackend<A> {
 
     fn raw_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
         let ptr = self.api.alloc(bytes.max(1))?;
-        Ok(DevBuf { ptr, class: bytes, pooled: false, pool: self.pool.clone() })
+        Ok(DevBuf { ptr, class: bytes, pooled: false, host: 0, pool: self.pool.clone() })
+    }
+
+    /// The raw blocks of a tensor: mapped in place with `weights = "host"`, else copied.
+    fn raw_weight(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
+        if !self.host_weights {
+            return self.upload_new(bytes);
+        }
+        let ptr = self.api.map_host(bytes)?;
+        Ok(DevBuf { ptr, class: bytes.len(), pooled: false, host: bytes.as_ptr() as u64, pool: self.pool.clone() })
     }
 
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
     fn pooled_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
         let class = bytes.max(256).next_power_of_two();
         if let Some(ptr) = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop()) {
-            return Ok(DevBuf { ptr, class, pooled: true, pool: self.pool.clone() });
+            return Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() });
         }
         let ptr = self.api.alloc(class).with_context(|| format!("allocating {class} bytes of GPU memory"))?;
-        Ok(DevBuf { ptr, class, pooled: true, pool: self.pool.clone() })
+        Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() })
     }
 
     fn upload_new(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
@@ -389,7 +428,12 @@ impl<A: GpuApi> GpuBackend<A> {
         let (n, k) = (w.rows, w.cols);
         let gw = gweight(w);
         let matvec = |name: &'static str, blocks: &DevBuf| {
-            self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks.ptr).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
+            self.launch(
+                name,
+                rows,
+                [n.div_ceil(4), rows, 1],
+                Args::default().ptr(blocks.ptr).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k),
+            );
         };
         let big = rows >= 128 && n >= 128;
         match &gw.data {
@@ -452,7 +496,7 @@ impl<A: GpuApi> GpuBackend<A> {
             })?;
             Ok(out)
         };
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             bail!("tensor \"{}\": {cols} columns, the GPU kernels need a multiple of 32", info.name);
         }
         Ok(match t {
@@ -466,13 +510,13 @@ impl<A: GpuApi> GpuBackend<A> {
                     scales[b * 2..b * 2 + 2].copy_from_slice(&blk[..2]);
                     qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
                 }
-                WeightData::Q8_0 { blocks: self.upload_new(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
+                WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
             }
             GgmlType::Q4_K | GgmlType::Q6_K => {
-                if cols % 256 != 0 {
+                if !cols.is_multiple_of(256) {
                     bail!("tensor \"{}\": {cols} columns is not a multiple of 256", info.name);
                 }
-                WeightData::KQuant { blocks: self.upload_new(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
+                WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
             }
             _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
         })
@@ -511,7 +555,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         if hp.head_dim != 64 && hp.head_dim != 128 {
             bail!("{} backend: head_dim {} has no attention kernel (64 and 128 are built)", self.api.backend_name(), hp.head_dim);
         }
-        if hp.n_head % hp.n_head_kv != 0 {
+        if !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{} backend: {} query heads are not a multiple of {} KV heads", self.api.backend_name(), hp.n_head, hp.n_head_kv);
         }
         Ok(())
@@ -530,7 +574,13 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
         let data = self.prepare_weight(file, index, rows, cols).with_context(|| format!("uploading tensor \"{name}\""))?;
-        Ok(Weight { name: name.to_string(), ggml_type: info.ggml_type, rows, cols, inner: Box::new(GpuWeight { file: file.clone(), index, data }) })
+        Ok(Weight {
+            name: name.to_string(),
+            ggml_type: info.ggml_type,
+            rows,
+            cols,
+            inner: Box::new(GpuWeight { file: file.clone(), index, data }),
+        })
     }
 
     fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
@@ -581,7 +631,12 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let WeightData::Vector(wv) = &gweight(w).data else {
             return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
         };
-        self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps));
+        self.launch(
+            "rmsnorm",
+            rows,
+            [rows, 1, 1],
+            Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps),
+        );
     }
 
     fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
@@ -631,12 +686,26 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         );
     }
 
-    fn kv_store(&self, k: &Buffer, v: &Buffer, k_cache: &mut Buffer, v_cache: &mut Buffer, start_pos: usize, n_tokens: usize, kv_dim: usize) {
+    fn kv_store(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_cache: &mut Buffer,
+        v_cache: &mut Buffer,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
         let n = n_tokens * kv_dim;
         let off = (start_pos * kv_dim * 2) as u64;
         for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
             debug_assert_eq!(gbuf(dst).elem, Elem::F16);
-            self.launch("f32_to_f16", n_tokens, [n.div_ceil(256), 1, 1], Args::default().ptr(gbuf(src).mem.ptr).ptr(gbuf(dst).mem.ptr + off).i32(n));
+            self.launch(
+                "f32_to_f16",
+                n_tokens,
+                [n.div_ceil(256), 1, 1],
+                Args::default().ptr(gbuf(src).mem.ptr).ptr(gbuf(dst).mem.ptr + off).i32(n),
+            );
         }
     }
 
@@ -650,7 +719,12 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             d => return self.fail(anyhow::anyhow!("no attention kernel for head_dim {d}")),
         };
         if s.n_tokens == 1 {
-            self.launch(decode, 1, [s.n_head, 1, 1], Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).i32(keys).i32(s.n_head).i32(s.n_head_kv).f32(scale));
+            self.launch(
+                decode,
+                1,
+                [s.n_head, 1, 1],
+                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).i32(keys).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+            );
         } else {
             self.launch(
                 prefill,
