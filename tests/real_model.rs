@@ -6,7 +6,8 @@
 //! - civetta's tokenizer gives llama.cpp's ids for every fixture string, and decoding gives the
 //!   text back;
 //! - the chat template renders to the text whose ids llama.cpp's reference was made from;
-//! - greedy generation equals llama.cpp's for the first 32 tokens of 3 chat prompts, both
+//! - greedy generation equals llama.cpp's for the first 32 tokens of 3 chat prompts (bit-level
+//!   parity: docs/REFERENCE.md, "Real model"), both
 //!   from llama.cpp's prompt ids (forward pass alone) and from `--chat` (template + tokenizer +
 //!   forward pass).
 //!
@@ -192,7 +193,6 @@ fn greedy_mismatches(model: &PathBuf, use_prompt_ids: bool) -> Vec<String> {
 /// the rest): at each of the first GREEDY_TOKENS steps civetta's top-1 must be llama.cpp's
 /// token, except at a near tie on both sides between llama.cpp's top-1 and runner-up.
 #[test]
-#[ignore = "known gap (issue 8): civetta picks llama.cpp's runner-up at near ties on 2 of 3 prompts; run with --ignored"]
 fn teacher_forced_top1_matches_llama_cpp_except_near_ties() {
     let Some(model) = real_model() else { return };
     let reference = reference();
@@ -234,7 +234,6 @@ fn teacher_forced_top1_matches_llama_cpp_except_near_ties() {
 }
 
 #[test]
-#[ignore = "known gap (issue 8): civetta picks llama.cpp's runner-up at near ties on 2 of 3 prompts; run with --ignored"]
 fn greedy_from_llama_cpp_prompt_ids_matches_llama_cpp() {
     let Some(model) = real_model() else { return };
     let mismatches = greedy_mismatches(&model, true);
@@ -242,7 +241,6 @@ fn greedy_from_llama_cpp_prompt_ids_matches_llama_cpp() {
 }
 
 #[test]
-#[ignore = "known gap (issue 8): civetta picks llama.cpp's runner-up at near ties on 2 of 3 prompts; run with --ignored"]
 fn greedy_from_chat_message_matches_llama_cpp() {
     let Some(model) = real_model() else { return };
     let mismatches = greedy_mismatches(&model, false);

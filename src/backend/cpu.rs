@@ -51,6 +51,15 @@ fn buf_mut(b: &mut Buffer) -> &mut [f32] {
     b.inner.downcast_mut::<Vec<f32>>().expect("CPU backend got a foreign buffer")
 }
 
+/// The f16 bits of a K or V cache made by `alloc_kv_cache`.
+fn kv(b: &Buffer) -> &[u16] {
+    b.inner.downcast_ref::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
+}
+
+fn kv_mut(b: &mut Buffer) -> &mut [u16] {
+    b.inner.downcast_mut::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
+}
+
 fn weight(w: &Weight) -> &CpuWeight {
     w.inner.downcast_ref::<CpuWeight>().expect("CPU backend got a foreign weight")
 }
@@ -126,6 +135,15 @@ impl Backend for CpuBackend {
 
     fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
         Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
+    }
+
+    /// K and V caches hold f16 bits (`Vec<u16>`), as llama.cpp's default cache type.
+    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+        Ok(Buffer { len, inner: Box::new(vec![0u16; len]) })
+    }
+
+    fn kv_cache_elem_bytes(&self) -> usize {
+        2
     }
 
     fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
@@ -254,8 +272,8 @@ impl Backend for CpuBackend {
                             RopeStyle::Neox => (i, i + half),
                         };
                         let (x0, x1) = (v[a], v[b]);
-                        v[a] = x0 * cos[i] - x1 * sin[i];
-                        v[b] = x0 * sin[i] + x1 * cos[i];
+                        v[a] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                        v[b] = x0.mul_add(sin[i], x1 * cos[i]);
                     }
                 }
             }
@@ -274,15 +292,24 @@ impl Backend for CpuBackend {
     ) {
         self.timed("kv_store", n_tokens, || {
             let n = n_tokens * kv_dim;
-            buf_mut(k_cache)[start_pos * kv_dim..start_pos * kv_dim + n].copy_from_slice(&buf(k)[..n]);
-            buf_mut(v_cache)[start_pos * kv_dim..start_pos * kv_dim + n].copy_from_slice(&buf(v)[..n]);
+            let at = start_pos * kv_dim;
+            f16::f32_to_f16_row(&buf(k)[..n], &mut kv_mut(k_cache)[at..at + n]);
+            f16::f32_to_f16_row(&buf(v)[..n], &mut kv_mut(v_cache)[at..at + n]);
         })
     }
 
+    /// llama.cpp's CPU flash attention (its default: flash_attn "auto" is on for the CPU
+    /// backend) over the f16 cache, reproduced for greedy parity: ggml's per-row path
+    /// (ggml_compute_forward_flash_attn_ext_f16_one_chunk), which llama.cpp runs for decode and
+    /// for batches of fewer than 64 query rows: q rounded to f16, f16 K·q dots (exact products,
+    /// f32 sums in ggml's AVX-512 lane order), online softmax with libm expf, the V accumulator
+    /// kept in f16 (rounded after every scale and FMA), divided by the sum at the end.
+    /// Batches of 64+ rows use this path too (llama.cpp switches to an f32 tiled kernel there),
+    /// so a row's result does not depend on how the sequence was batched.
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
         let q = buf(q);
-        let kc = buf(k_cache);
-        let vc = buf(v_cache);
+        let kc = kv(k_cache);
+        let vc = kv(v_cache);
         let o = buf_mut(out);
         let hd = s.head_dim;
         let kv_dim = s.n_head_kv * hd;
@@ -291,47 +318,49 @@ impl Backend for CpuBackend {
         let q_dim = s.n_head * hd;
         self.timed("attention", s.n_tokens, || {
             self.pool.install(|| {
-                o[..s.n_tokens * q_dim].par_chunks_mut(hd).enumerate().for_each(|(idx, out_h)| {
-                    let t = idx / s.n_head;
-                    let h = idx % s.n_head;
-                    let g = h / group;
-                    let pos = s.start_pos + t;
-                    let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-                    let mut scores = Vec::with_capacity(pos + 1);
-                    let mut max = f32::NEG_INFINITY;
-                    for j in 0..=pos {
-                        let kh = &kc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                        let sc = dot_f32(qh, kh) * scale;
-                        max = max.max(sc);
-                        scores.push(sc);
-                    }
-                    let mut sum = 0f32;
-                    for sc in scores.iter_mut() {
-                        *sc = (*sc - max).exp();
-                        sum += *sc;
-                    }
-                    let inv = 1.0 / sum;
-                    out_h.fill(0.0);
-                    for (j, &p) in scores.iter().enumerate() {
-                        let vh = &vc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                        let w = p * inv;
-                        for (acc, vv) in out_h.iter_mut().zip(vh) {
-                            *acc += w * vv;
+                o[..s.n_tokens * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
+                    || (vec![0u16; hd], vec![0f32; hd]),
+                    |(q16, acc), (idx, out_h)| {
+                        let t = idx / s.n_head;
+                        let h = idx % s.n_head;
+                        let g = h / group;
+                        let pos = s.start_pos + t;
+                        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                        let k_at = |j: usize| &kc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
+                        let v_at = |j: usize| &vc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
+                        f16::f32_to_f16_row(qh, q16);
+                        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                        acc.fill(0.0);
+                        for j in 0..=pos {
+                            let sc = f16::dot_f16(k_at(j), q16) * scale;
+                            let (mut ms, mut vs) = (1f32, 1f32);
+                            if sc > m {
+                                let old = m;
+                                m = sc;
+                                ms = (old - m).exp();
+                                f16::scale_rounded(acc, ms);
+                            } else {
+                                vs = (sc - m).exp();
+                            }
+                            f16::mad_rounded(acc, v_at(j), vs);
+                            sum = sum.mul_add(ms, vs);
                         }
-                    }
-                });
+                        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                        for (d, a) in out_h.iter_mut().zip(acc.iter()) {
+                            *d = a * inv;
+                        }
+                    },
+                );
             })
         })
     }
 
+    /// silu(gate) * up with ggml's AVX-512 vector expf (ggml_v_expf / ggml_v_silu), which
+    /// differs from libm's expf by up to ~1.5 ulp; the same numbers with or without AVX-512.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
         let g = buf_mut(gate);
         let u = buf(up);
-        self.timed("silu_mul", 1, || {
-            for (a, b) in g[..n].iter_mut().zip(&u[..n]) {
-                *a = *a / (1.0 + (-*a).exp()) * b;
-            }
-        })
+        self.timed("silu_mul", 1, || silu::swiglu(&mut g[..n], &u[..n]))
     }
 
     fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
@@ -363,9 +392,9 @@ fn weight_f32(w: &Weight) -> std::borrow::Cow<'_, [f32]> {
     std::borrow::Cow::Owned(v)
 }
 
-/// 1/rms with the sum of squares in f64, as ggml does.
+/// 1/rms as ggml's rms_norm: squares in f32, summed in f64 in order, mean rounded to f32.
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let ss: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (ss / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
 }
@@ -377,19 +406,280 @@ fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-#[inline]
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators so the compiler vectorises without fast-math.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+/// f16 helpers of the attention: the same numbers on every path (the x86 one uses F16C and
+/// FMA, the portable one `half` and `mul_add`, both round to nearest even and fuse the same
+/// multiply-adds).
+mod f16 {
+    use once_cell::sync::Lazy;
+
+    #[cfg(target_arch = "x86_64")]
+    static X86: Lazy<bool> =
+        Lazy::new(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"));
+    #[cfg(not(target_arch = "x86_64"))]
+    static X86: Lazy<bool> = Lazy::new(|| false);
+
+    fn to_f32(h: u16) -> f32 {
+        half::f16::from_bits(h).to_f32()
+    }
+
+    fn round(x: f32) -> f32 {
+        half::f16::from_f32(x).to_f32()
+    }
+
+    pub fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if *X86 {
+            // SAFETY: avx2/fma/f16c detected above.
+            return unsafe { x86::f32_to_f16_row(src, dst) };
+        }
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = half::f16::from_f32(*s).to_bits();
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+
+    /// ggml_vec_dot_f16 as ggml's AVX-512 build computes it: per 64 elements four 16-lane FMA
+    /// accumulators; then acc0+acc2, acc1+acc3, their sum, and a halving tree over the 16
+    /// lanes; a tail past the last multiple of 64 is added in f64.
+    pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if *X86 {
+            // SAFETY: avx2/fma/f16c detected above; x and y have the same length.
+            return unsafe { x86::dot_f16(x, y) };
+        }
+        let n = x.len();
+        let np = n & !63;
+        let mut acc = [[0f32; 16]; 4];
+        for c in (0..np).step_by(64) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (l, v) in a.iter_mut().enumerate() {
+                    let i = c + 16 * j + l;
+                    *v = to_f32(x[i]).mul_add(to_f32(y[i]), *v);
+                }
+            }
+        }
+        let mut r = [0f32; 16];
+        for l in 0..16 {
+            r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                r[l] += r[l + w];
+            }
+        }
+        let mut sum = r[0] as f64;
+        for i in np..n {
+            sum += (to_f32(x[i]) * to_f32(y[i])) as f64;
+        }
+        sum as f32
     }
-    s
+
+    /// acc = f16(acc * s) (ggml_vec_scale_f16 on an f16 accumulator).
+    pub fn scale_rounded(acc: &mut [f32], s: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if *X86 && acc.len().is_multiple_of(8) {
+            // SAFETY: avx2/fma/f16c detected above.
+            return unsafe { x86::scale_rounded(acc, s) };
+        }
+        for a in acc.iter_mut() {
+            *a = round(*a * s);
+        }
+    }
+
+    /// acc = f16(fma(v, s, acc)) (ggml_vec_mad_f16 on an f16 accumulator).
+    pub fn mad_rounded(acc: &mut [f32], v: &[u16], s: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if *X86 && acc.len().is_multiple_of(8) {
+            // SAFETY: avx2/fma/f16c detected above; v is as long as acc.
+            return unsafe { x86::mad_rounded(acc, v, s) };
+        }
+        for (a, h) in acc.iter_mut().zip(v) {
+            *a = round(to_f32(*h).mul_add(s, *a));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[inline(always)]
+        unsafe fn load_h(p: *const u16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+
+        #[inline(always)]
+        unsafe fn round(v: __m256) -> __m256 {
+            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+
+        /// Lane l + lane l+4, then +2, then +1 (as _mm512_reduce_add_ps after its first fold).
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
+            let n = src.len().min(dst.len());
+            let n8 = n & !7;
+            for i in (0..n8).step_by(8) {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+                _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+            }
+            for i in n8..n {
+                dst[i] = half::f16::from_f32(src[i]).to_bits();
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
+            let n = x.len().min(y.len());
+            let np = n & !63;
+            let (xp, yp) = (x.as_ptr(), y.as_ptr());
+            // acc[j] lanes 0..7 in lo[j], 8..15 in hi[j].
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            for c in (0..np).step_by(64) {
+                for j in 0..4 {
+                    let i = c + 16 * j;
+                    lo[j] = _mm256_fmadd_ps(load_h(xp.add(i)), load_h(yp.add(i)), lo[j]);
+                    hi[j] = _mm256_fmadd_ps(load_h(xp.add(i + 8)), load_h(yp.add(i + 8)), hi[j]);
+                }
+            }
+            let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+            let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+            let mut sum = hsum(_mm256_add_ps(l, h)) as f64;
+            for i in np..n {
+                sum += (half::f16::from_bits(x[i]).to_f32() * half::f16::from_bits(y[i]).to_f32()) as f64;
+            }
+            sum as f32
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn scale_rounded(acc: &mut [f32], s: f32) {
+            let sv = _mm256_set1_ps(s);
+            for i in (0..acc.len()).step_by(8) {
+                let p = acc.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, round(_mm256_mul_ps(_mm256_loadu_ps(p), sv)));
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn mad_rounded(acc: &mut [f32], v: &[u16], s: f32) {
+            let sv = _mm256_set1_ps(s);
+            for i in (0..acc.len().min(v.len())).step_by(8) {
+                let p = acc.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, round(_mm256_fmadd_ps(load_h(v.as_ptr().add(i)), sv, _mm256_loadu_ps(p))));
+            }
+        }
+    }
+}
+
+/// ggml's vectorised SiLU: x / (1 + v_expf(-x)), v_expf being its AVX-512 port of the Arm
+/// optimized-routines expf (range reduction by n = round(x / ln 2), degree-5 polynomial,
+/// scalef). Written here from the algorithm, element by element with fused multiply-adds, so
+/// the portable and AVX-512 paths give identical bits.
+mod silu {
+    const R: f32 = 12582912.0; // 0x1.8p23
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    const C5: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+    const C4: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    const C3: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    const C2: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+
+    pub(super) fn v_expf(x: f32) -> f32 {
+        let z = x.mul_add(LOG2E, R);
+        let n = z - R;
+        let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+        let u = b * b;
+        let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1.mul_add(b, 1.0));
+        if n.abs() > 192.0 {
+            return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+        }
+        scalef(j, n)
+    }
+
+    /// j * 2^n for integral n in [-192, 192] (as vscalefps: one rounding).
+    fn scalef(j: f32, n: f32) -> f32 {
+        (j as f64 * (n as f64).exp2()) as f32
+    }
+
+    pub(super) fn swiglu(g: &mut [f32], u: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: avx512f detected.
+            return unsafe { swiglu_avx512(g, u) };
+        }
+        for (a, b) in g.iter_mut().zip(u) {
+            *a = *a / (1.0 + v_expf(-*a)) * b;
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn swiglu_avx512(g: &mut [f32], u: &[f32]) {
+        use std::arch::x86_64::*;
+        let n = g.len().min(u.len());
+        let n16 = n & !15;
+        let set = _mm512_set1_ps;
+        for i in (0..n16).step_by(16) {
+            let x = _mm512_loadu_ps(g.as_ptr().add(i));
+            let nx = _mm512_sub_ps(_mm512_setzero_ps(), x);
+            let z = _mm512_fmadd_ps(nx, set(LOG2E), set(R));
+            let nn = _mm512_sub_ps(z, set(R));
+            let b = _mm512_fnmadd_ps(nn, set(LN2_LO), _mm512_fnmadd_ps(nn, set(LN2_HI), nx));
+            let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(nn), set(192.0));
+            let uu = _mm512_mul_ps(b, b);
+            let j = _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_fmadd_ps(set(C5), b, set(C4)), uu, _mm512_fmadd_ps(set(C3), b, set(C2))),
+                uu,
+                _mm512_fmadd_ps(set(C1), b, set(1.0)),
+            );
+            let mut e = _mm512_scalef_ps(j, nn);
+            if d != 0 {
+                let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(nn, _mm512_setzero_ps());
+                let alt = _mm512_mask_blend_ps(le, set(f32::INFINITY), _mm512_setzero_ps());
+                e = _mm512_mask_blend_ps(d, e, alt);
+            }
+            let silu = _mm512_div_ps(x, _mm512_add_ps(set(1.0), e));
+            _mm512_storeu_ps(g.as_mut_ptr().add(i), _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr().add(i))));
+        }
+        for i in n16..n {
+            g[i] = g[i] / (1.0 + v_expf(-g[i])) * u[i];
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn constants_are_the_hex_floats() {
+            assert_eq!(super::LN2_HI, f32::from_bits(0x3f31_7200));
+            assert!((super::v_expf(1.0) - std::f32::consts::E).abs() < 1e-6);
+            assert!((super::v_expf(-3.5) - (-3.5f32).exp()).abs() < 1e-7);
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[test]
+        fn avx512_and_portable_agree_bit_for_bit() {
+            if !is_x86_feature_detected!("avx512f") {
+                return;
+            }
+            let x: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.013 + (i % 7) as f32 * 1e-3).collect();
+            let u: Vec<f32> = (0..4096).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+            let mut a = x.clone();
+            // SAFETY: avx512f detected.
+            unsafe { super::swiglu_avx512(&mut a, &u) };
+            for i in 0..x.len() {
+                let b = x[i] / (1.0 + super::v_expf(-x[i])) * u[i];
+                assert_eq!(a[i].to_bits(), b.to_bits(), "x = {}", x[i]);
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The 32-element block formats Q8_0, Q4_0 and Q4_1 (ggml-common.h layouts), their reference
-//! quantisers (ggml's quantize_row_*_ref, bit for bit) and scalar dot products with Q8_0
-//! activations.
+//! quantisers (ggml's quantize_row_*_ref, bit for bit), the x86 activation quantisers (Q8_0,
+//! Q8_1) and scalar dot products with Q8_0 / Q8_1 (Q4_1) activations.
 //!
 //! Layouts (little endian): Q8_0 = f16 d, 32 x i8; Q4_0 = f16 d, 16 bytes of nibbles;
 //! Q4_1 = f16 d, f16 m, 16 bytes of nibbles. Nibble j of a 4-bit block holds element j in its
@@ -12,6 +12,51 @@ pub(crate) const QK: usize = 32;
 pub(crate) const Q8_0_BYTES: usize = 34;
 pub(crate) const Q4_0_BYTES: usize = 18;
 pub(crate) const Q4_1_BYTES: usize = 20;
+pub(crate) const Q8_1_BYTES: usize = 36;
+
+/// Activation quantisation to Q8_0 exactly as ggml's x86 `quantize_row_q8_0` (the AVX path
+/// every x86-64 build with AVX runs, not the `_ref` code): d = amax/127 (stored as f16),
+/// q = round-half-even(x * (127/amax)).
+pub(crate) fn quantize_q8_0_act(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        for (q, v) in b[2..].iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8 as u8;
+        }
+    }
+}
+
+/// Activation quantisation to Q8_1 exactly as ggml's x86 `quantize_row_q8_1`: the quants and
+/// d of `quantize_q8_0_act`, plus s = d * sum(q) (d in f32) rounded to f16. Layout: f16 d,
+/// f16 s, 32 x i8. (ggml pairs Q4_1 and Q5_1 weights with Q8_1 activations.)
+pub(crate) fn quantize_q8_1_act(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, v) in b[4..].iter_mut().zip(xb) {
+            let qi = (v * id).round_ties_even() as i8;
+            sum += qi as i32;
+            *q = qi as u8;
+        }
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        b[2..4].copy_from_slice(&f32_to_f16(d * sum as f32).to_le_bytes());
+    }
+}
+
+/// d * q of a Q8_1 row (s is derived data and not needed).
+pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q8_1_BYTES)) {
+        let d = f16_at(b, 0);
+        for (v, q) in y.iter_mut().zip(&b[4..]) {
+            *v = (*q as i8) as f32 * d;
+        }
+    }
+}
 
 /// ggml's quantize_row_q8_0_ref: d = amax/127, q = round-half-away(x/d).
 pub(crate) fn quantize_q8_0(x: &[f32], dst: &mut [u8]) {
@@ -129,20 +174,20 @@ pub(crate) fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-/// Q4_1 values are d*q + m, so a block contributes d*da*sum(q*a) + m*da*sum(a). (ggml pairs
-/// Q4_1 with Q8_1, which stores da*sum(a) as f16; we sum the Q8_0 block exactly instead.)
+/// Q4_1 values are d*q + m, so a block contributes d*da*sum(q*a) + m*s with s = da*sum(a),
+/// which the Q8_1 activation block stores as f16 (as ggml_vec_dot_q4_1_q8_1: the m*s terms are
+/// summed apart and added at the end).
 pub(crate) fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let mut sum = 0f32;
-    for (bw, ba) in w.chunks_exact(Q4_1_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
-        let (mut s, mut sa) = (0i32, 0i32);
+    let (mut sum, mut summs) = (0f32, 0f32);
+    for (bw, ba) in w.chunks_exact(Q4_1_BYTES).zip(a.chunks_exact(Q8_1_BYTES)).take(n / QK) {
+        let mut s = 0i32;
         for j in 0..QK / 2 {
             let q = bw[4 + j];
-            let (a0, a1) = (ba[2 + j] as i8 as i32, ba[2 + QK / 2 + j] as i8 as i32);
+            let (a0, a1) = (ba[4 + j] as i8 as i32, ba[4 + QK / 2 + j] as i8 as i32);
             s += (q & 0xF) as i32 * a0 + (q >> 4) as i32 * a1;
-            sa += a0 + a1;
         }
-        let da = f16_at(ba, 0);
-        sum += s as f32 * (f16_at(bw, 0) * da) + f16_at(bw, 2) * (da * sa as f32);
+        sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
+        summs += f16_at(bw, 2) * f16_at(ba, 2);
     }
-    sum
+    sum + summs
 }

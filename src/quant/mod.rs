@@ -3,7 +3,7 @@
 //! backend.
 //!
 //! Dot products follow ggml: an activation row is quantised once (Q8_0 for the 32-element
-//! blocks, Q8_K for the K-quants, f32 for float weights), and each block's integer products
+//! blocks, Q8_1 for Q4_1, Q8_K for the K-quants, f32 for float weights), and each block's integer products
 //! are exact; only the per-block float scaling and the final sum depend on evaluation order.
 //! `vec_dot` runs hand-written AVX-512 VNNI or AVX2 kernels chosen once at run time
 //! (`simd_level`), with the scalar reference code (also used by the tests) as fallback.
@@ -28,6 +28,8 @@ use anyhow::bail;
 pub enum ActFormat {
     F32,
     Q8_0,
+    /// Q8_0 plus s = d * sum(q) as f16 per block (for Q4_1 weights, as ggml).
+    Q8_1,
     Q8_K,
 }
 
@@ -36,7 +38,7 @@ impl ActFormat {
     pub fn block_size(self) -> usize {
         match self {
             ActFormat::F32 => 1,
-            ActFormat::Q8_0 => legacy::QK,
+            ActFormat::Q8_0 | ActFormat::Q8_1 => legacy::QK,
             ActFormat::Q8_K => k_quants::QK_K,
         }
     }
@@ -49,12 +51,13 @@ pub fn supports(t: GgmlType) -> bool {
 }
 
 /// The activation format a weight type's dot product consumes (ggml's vec_dot_type, except
-/// that F16/BF16 weights keep f32 activations for accuracy and Q4_1 pairs with Q8_0).
+/// that F16/BF16 weights keep f32 activations for accuracy).
 /// Unsupported types map to the format ggml would use for their block size.
 pub fn act_format(weight: GgmlType) -> ActFormat {
     use GgmlType::*;
     match weight {
-        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_1 => ActFormat::Q8_0,
+        Q8_0 | Q4_0 | Q5_0 => ActFormat::Q8_0,
+        Q4_1 | Q5_1 | Q8_1 => ActFormat::Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => ActFormat::Q8_K,
         F32 | F16 | BF16 => ActFormat::F32,
     }
@@ -65,12 +68,14 @@ pub fn act_row_bytes(fmt: ActFormat, n: usize) -> usize {
     match fmt {
         ActFormat::F32 => 4 * n,
         ActFormat::Q8_0 => n / legacy::QK * legacy::Q8_0_BYTES,
+        ActFormat::Q8_1 => n / legacy::QK * legacy::Q8_1_BYTES,
         ActFormat::Q8_K => n / k_quants::QK_K * k_quants::Q8_K_BYTES,
     }
 }
 
-/// Quantises one activation row into `dst` with ggml's reference rounding
-/// (quantize_row_q8_0_ref / quantize_row_q8_K_ref); F32 is a little-endian copy.
+/// Quantises one activation row into `dst` as ggml's x86 CPU backend does: Q8_0/Q8_1 like its
+/// AVX `quantize_row_q8_0/q8_1` (scale 127/amax, round half to even; Q8_1's sum as f16),
+/// Q8_K like `quantize_row_q8_K_ref`; F32 is a little-endian copy.
 ///
 /// Panics if `x.len()` is not a multiple of the format's block or `dst` has the wrong
 /// length (both are fixed by the model shape, so this is a caller bug).
@@ -83,7 +88,8 @@ pub fn quantize_act_row(fmt: ActFormat, x: &[f32], dst: &mut [u8]) {
     );
     match fmt {
         ActFormat::F32 => float::quantize_f32(x, dst),
-        ActFormat::Q8_0 => legacy::quantize_q8_0(x, dst),
+        ActFormat::Q8_0 => legacy::quantize_q8_0_act(x, dst),
+        ActFormat::Q8_1 => legacy::quantize_q8_1_act(x, dst),
         ActFormat::Q8_K => k_quants::quantize_q8_k(x, dst),
     }
 }
@@ -96,6 +102,7 @@ pub fn dequantize_act_row(fmt: ActFormat, src: &[u8], dst: &mut [f32]) -> anyhow
     match fmt {
         ActFormat::F32 => float::dequantize_f32(src, dst),
         ActFormat::Q8_0 => legacy::dequantize_q8_0(src, dst),
+        ActFormat::Q8_1 => legacy::dequantize_q8_1(src, dst),
         ActFormat::Q8_K => k_quants::dequantize_q8_k(src, dst),
     }
     Ok(())

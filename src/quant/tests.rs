@@ -146,9 +146,20 @@ proptest! {
         let (wd, ad) = (dequantize(t, &wq, n), dequantize_act(fmt, &aq, n));
         let reference: f64 = wd.iter().zip(&ad).map(|(a, b)| *a as f64 * *b as f64).sum();
         let magnitude: f64 = wd.iter().zip(&ad).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+        // Q8_1 (Q4_1's activations) carries s = da*sum(a) rounded to f16, which the dot uses
+        // for the m*s terms: allow half an f16 ulp (2^-11 relative) of each |m*s|.
+        let s_rounding: f64 = if fmt == ActFormat::Q8_1 {
+            wq.chunks_exact(20).zip(aq.chunks_exact(36)).map(|(w, a)| {
+                let m = f16_to_f32(u16::from_le_bytes([w[2], w[3]])) as f64;
+                let s = f16_to_f32(u16::from_le_bytes([a[2], a[3]])) as f64;
+                (m * s).abs() / 2048.0
+            }).sum()
+        } else {
+            0.0
+        };
         for level in SimdLevel::ALL.into_iter().filter(|l| l.available()) {
             let got = vec_dot_at(level, t, &wq, &aq, n).unwrap() as f64;
-            prop_assert!((got - reference).abs() <= 1e-5 * magnitude + 1e-30, "{t} {level:?}: {got} vs {reference}");
+            prop_assert!((got - reference).abs() <= 1e-5 * magnitude + s_rounding + 1e-30, "{t} {level:?}: {got} vs {reference}");
         }
     }
 
@@ -276,9 +287,37 @@ fn q8_k_activation_block_layout() {
 
 #[test]
 fn q8_0_activation_matches_the_q8_0_weight_format() {
+    // The activation quantiser is ggml's x86 one (127/amax, ties to even), the weight one its
+    // _ref (1/d, ties away): same bytes except where x*id lands within an ulp of a half.
     let x = data(9, 1024);
     assert_eq!(quantize_act(ActFormat::Q8_0, &x), quantize(GgmlType::Q8_0, &x));
     assert_eq!(quantize_act(ActFormat::F32, &x), quantize(GgmlType::F32, &x));
+}
+
+#[test]
+fn q8_1_activation_is_q8_0_plus_an_f16_sum() {
+    let x = data(10, 1024);
+    let a = quantize_act(ActFormat::Q8_1, &x);
+    let b = quantize_act(ActFormat::Q8_0, &x);
+    for (a, b) in a.chunks_exact(36).zip(b.chunks_exact(34)) {
+        assert_eq!(a[..2], b[..2], "d");
+        assert_eq!(a[4..], b[2..], "quants");
+        let amax = 127.0 * f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
+        let d = x.iter().fold(0f32, |m, v| m.max(v.abs())); // loose: d of the whole row bounds it
+        let sum: i32 = a[4..].iter().map(|&q| q as i8 as i32).sum();
+        let s = f16_to_f32(u16::from_le_bytes([a[2], a[3]]));
+        // s = f16(d32 * sum) where d32 = amax/127 before its own f16 rounding.
+        assert!(amax <= d * 1.001);
+        let exact = amax / 127.0 * sum as f32;
+        assert!((s - exact).abs() <= exact.abs() * 1e-3 + 1e-6, "s {s} vs {exact}");
+    }
+    // Ties go to even (ggml's _mm256_round_ps), not away from zero.
+    let mut x = vec![0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -3.5;
+    let q = quantize_act(ActFormat::Q8_1, &x);
+    assert_eq!((q[5] as i8, q[6] as i8), (2, -4));
 }
 
 #[test]
@@ -290,7 +329,7 @@ fn act_formats_and_sizes() {
         (BF16, ActFormat::F32),
         (Q8_0, ActFormat::Q8_0),
         (Q4_0, ActFormat::Q8_0),
-        (Q4_1, ActFormat::Q8_0),
+        (Q4_1, ActFormat::Q8_1),
         (Q4_K, ActFormat::Q8_K),
         (Q5_K, ActFormat::Q8_K),
         (Q6_K, ActFormat::Q8_K),
@@ -299,6 +338,7 @@ fn act_formats_and_sizes() {
     }
     assert_eq!(act_row_bytes(ActFormat::F32, 4096), 16384);
     assert_eq!(act_row_bytes(ActFormat::Q8_0, 4096), 128 * 34);
+    assert_eq!(act_row_bytes(ActFormat::Q8_1, 4096), 128 * 36);
     assert_eq!(act_row_bytes(ActFormat::Q8_K, 4096), 16 * 292);
 }
 

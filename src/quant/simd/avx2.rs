@@ -5,7 +5,7 @@
 //! Every load is unaligned, so rows may start anywhere.
 
 use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
-use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
+use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
 
@@ -103,18 +103,18 @@ unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // ggml_vec_dot_q4_1_q8_1's order: one FMA per block into 8 lanes, the m*s terms summed
+    // apart in scalar, added after the horizontal sum.
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let ones = _mm256_set1_epi8(1);
-    let (mut acc_d, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
     for i in 0..n / 32 {
-        let (bw, ba) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_0_BYTES));
-        let aq = loadu256(ba.add(2));
-        let dot = widen(_mm256_maddubs_epi16(nibbles_16(bw.add(4)), aq));
-        let asum = widen(_mm256_maddubs_epi16(ones, aq));
-        acc_d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc_d);
-        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(asum), scale_product(bw.add(2), ba), acc_m);
+        let (bw, ba) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_1_BYTES));
+        let dot = widen(_mm256_maddubs_epi16(nibbles_16(bw.add(4)), loadu256(ba.add(4))));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc);
+        summs += f16c(rd16(bw.add(2)) as u16) * f16c(rd16(ba.add(2)) as u16);
     }
-    hsum256(_mm256_add_ps(acc_d, acc_m))
+    hsum256(acc) + summs
 }
 
 /// Q8_K parts of one activation super-block: (d, pointer to the 256 quants, group sums).

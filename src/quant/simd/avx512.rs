@@ -1,7 +1,8 @@
 //! AVX-512 (F/BW/VL/VNNI) dot kernels. Layout tricks, per format:
-//! - 32-blocks (Q8_0/Q4_0/Q4_1): two blocks per 512-bit register, `vpdpbusd` for the integer
+//! - 32-blocks (Q8_0/Q4_0): two blocks per 512-bit register, `vpdpbusd` for the integer
 //!   products (u8 x i8; Q8_0 weights use the abs/negate sign trick), one f32 scale per half.
 //!   (Measured on Zen 4: 5-25% faster than one block per 256-bit register with VNNI.)
+//!   Q4_1 keeps ggml's one-block-per-256-bit order so its sums are bit-identical to llama.cpp's.
 //! - K-quants: one 64-element chunk per register; `vpmaddubsw` (levels are unsigned) then
 //!   `vpdpwssd` with the sub-block scales broadcast per lane; mins and Q6_K's -32 offset come
 //!   from the Q8_K group sums once per super-block.
@@ -10,7 +11,7 @@
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
 use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
-use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
+use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
 
@@ -155,33 +156,26 @@ unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / 32;
+    // ggml_vec_dot_q4_1_q8_1's order exactly (greedy parity with llama.cpp): one block per
+    // 256-bit `vpdpbusd`, one FMA per block into 8 lanes, the m*s terms (Q8_1's f16 s) summed
+    // apart in scalar and added after the horizontal sum.
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let zero = _mm512_setzero_si512();
-    let ones = _mm512_set1_epi8(1);
-    let (mut acc_d, mut acc_m) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (w0, a0) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_0_BYTES));
-        let (w1, a1) = (w0.add(Q4_1_BYTES), a0.add(Q8_0_BYTES));
-        let q = nibbles_2x16(w0.add(4), w1.add(4));
-        let aq = load_2x32(a0.add(2), a1.add(2));
-        let dot = _mm512_dpbusd_epi32(zero, q, aq);
-        let asum = _mm512_dpbusd_epi32(zero, ones, aq);
-        // halves [dw0, dw1, mw0, mw1, da0, da1, da0, da1] -> [dw0*da0, dw1*da1, mw0*da0, mw1*da1]
-        let hw = rd16(w0) | rd16(w1) << 16 | rd16(w0.add(2)) << 32 | rd16(w1.add(2)) << 48;
-        let ha = rd16(a0) | rd16(a1) << 16;
-        let f = _mm256_cvtph_ps(_mm_set_epi64x((ha | ha << 32) as i64, hw as i64));
-        let s = _mm_mul_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f));
-        acc_d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread_pair::<0, 1>(s), acc_d);
-        acc_m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(asum), spread_pair::<2, 3>(s), acc_m);
-        i += 2;
+    let zero = _mm256_setzero_si256();
+    let mask = _mm_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q4_1_BYTES), ap.add(i * Q8_1_BYTES));
+        let t = _mm_loadu_si128(bw.add(4) as _);
+        let q = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_and_si128(t, mask)), _mm_and_si128(_mm_srli_epi16(t, 4), mask));
+        let dot = _mm256_dpbusd_epi32(zero, q, loadu256(ba.add(4)));
+        let f = _mm_cvtph_ps(_mm_cvtsi64_si128((rd16(bw) | rd16(ba) << 16 | rd16(bw.add(2)) << 32 | rd16(ba.add(2)) << 48) as i64));
+        let d = _mm_mul_ss(f, _mm_movehdup_ps(f));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d), acc);
+        let m = _mm_movehl_ps(f, f);
+        summs += _mm_cvtss_f32(_mm_mul_ss(m, _mm_movehdup_ps(m)));
     }
-    let mut sum = hsum512(_mm512_add_ps(acc_d, acc_m));
-    if i < nb {
-        sum += super::super::legacy::dot_q4_1(&w[i * Q4_1_BYTES..], &a[i * Q8_0_BYTES..], 32);
-    }
-    sum
+    hsum256(acc) + summs
 }
 
 /// i16 lane indices selecting scale `2c` for lanes 0..15 and `2c + 1` for lanes 16..31.
