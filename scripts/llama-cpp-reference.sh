@@ -31,10 +31,18 @@ build_llama_cpp() {
       "llama-cpp-python==$VERSION" -d "$DIR/download"
   fi
   [[ -f "$sdist" ]] || { echo "pip did not produce $sdist" >&2; exit 1; }
+  # ISA flags from this CPU (GGML_NATIVE would also enable AMX, which faults here): the
+  # AVX-512 kernels where the CPU has them, AVX2 otherwise. The cache key includes them.
+  local isa=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+  if grep -qw avx512f /proc/cpuinfo && grep -qw avx512_vnni /proc/cpuinfo; then
+    isa+=(-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+  else
+    isa+=(-DGGML_AVX512=OFF)
+  fi
   local hash
-  hash=$(sha256sum "$sdist" | cut -d' ' -f1)
+  hash=$( (sha256sum "$sdist" | cut -d' ' -f1; echo "${isa[*]}") | sha256sum | cut -d' ' -f1)
   if [[ -f "$DIR/built-$hash" && -x "$DIR/bin/llama-bench" ]]; then
-    echo "llama.cpp from sdist $hash already built in $DIR/bin"
+    echo "llama.cpp (${isa[*]}) already built in $DIR/bin"
     return
   fi
   command -v cmake >/dev/null || { echo "cmake is needed (apt-get install cmake)" >&2; exit 1; }
@@ -47,8 +55,7 @@ build_llama_cpp() {
   cmake -S "$DIR/src" -B "$DIR/cmake-build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+    -DGGML_NATIVE=OFF "${isa[@]}" \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
   cmake --build "$DIR/cmake-build" -j "$JOBS" \
     --target llama-simple llama-tokenize llama-bench llama-completion

@@ -133,6 +133,10 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn run(&self, pass: &mut (dyn FnMut() + Send)) {
+        self.pool.install(pass)
+    }
+
     fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
         Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
     }
@@ -198,36 +202,79 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
-        let cw = weight(w);
-        let k = w.cols;
-        let n = w.rows;
-        let t = w.ggml_type;
+        self.matmul_many(&[w], x, rows, &mut [out]);
+    }
+
+    /// Weights of one type and width (q/k/v, gate/up) share one activation quantisation and
+    /// one parallel region; their row blocks are the work items of that region.
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+        let Some(first) = ws.first() else { return };
+        let (t, k) = (first.ggml_type, first.cols);
+        if ws.iter().any(|w| w.ggml_type != t || w.cols != k) {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_many(&[w], x, rows, &mut [&mut **out]);
+            }
+            return;
+        }
         let fmt = quant::act_format(t);
         let act_bytes = quant::act_row_bytes(fmt, k);
         let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
         let x = buf(x);
-        let o = buf_mut(out);
-        assert!(x.len() >= rows * k && o.len() >= rows * n, "matmul {}: buffers too small", w.name);
-        let bytes = cw.bytes();
+        assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
+        // Row blocks of every weight: (weight bytes, weight rows, output, first block index).
+        let block = 16usize;
+        let mut jobs = Vec::with_capacity(ws.len());
+        let mut blocks = 0;
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            let o = buf_mut(out);
+            assert!(o.len() >= rows * w.rows, "matmul {}: output too small", w.name);
+            jobs.push((weight(w).bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
+            blocks += w.rows.div_ceil(block);
+        }
         self.timed(matmul_kernel_name(t), rows, || {
             self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
-                acts.par_chunks_mut(act_bytes).enumerate().for_each(|(r, dst)| {
-                    quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
-                });
-                let optr = SendPtr(o.as_mut_ptr());
-                // Work items are blocks of weight rows; each block is reused across all
-                // activation rows while it sits in cache.
-                let block = 8usize;
-                (0..n.div_ceil(block)).into_par_iter().for_each(|b| {
-                    let r0 = b * block;
+                let quantize = |(r, dst): (usize, &mut [u8])| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
+                if rows >= 4 {
+                    acts.par_chunks_mut(act_bytes).enumerate().for_each(quantize);
+                } else {
+                    acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
+                }
+                let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
+                let tiled = quant::has_dot_tile(t);
+                // Within a block, tiles of dots run where the type has a tile kernel: one weight
+                // row by four activation rows while four are left (prefill: both sit in L1,
+                // each weight block unpacked once per four dots), four weight rows by one
+                // activation row otherwise (decode: four independent FMA chains). Leftovers go
+                // one dot at a time.
+                let fused_tokens = if tiled { rows / 4 * 4 } else { 0 };
+                (0..blocks).into_par_iter().for_each(|b| {
+                    let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
+                    let r0 = (b - first_block) * block;
                     let r1 = (r0 + block).min(n);
-                    for r in r0..r1 {
-                        let wr = &bytes[r * w_bytes..(r + 1) * w_bytes];
-                        for tok in 0..rows {
-                            let v = quant::vec_dot(t, wr, &acts[tok * act_bytes..(tok + 1) * act_bytes], k);
-                            // SAFETY: (tok, r) pairs are disjoint across work items.
-                            unsafe { *optr.at(tok * n + r) = v };
+                    let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
+                    // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
+                    let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
+                    for tok in (0..fused_tokens).step_by(4) {
+                        for r in r0..r1 {
+                            let [v] =
+                                quant::vec_dot_tile::<1, 4>(t, [weight_row(r)], [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)], k);
+                            for (i, v) in v.into_iter().enumerate() {
+                                store(tok + i, r, v);
+                            }
+                        }
+                    }
+                    let r_tiled = if tiled { r0 + (r1 - r0) / 4 * 4 } else { r0 };
+                    for tok in fused_tokens..rows {
+                        for r in (r0..r_tiled).step_by(4) {
+                            let w4 = [weight_row(r), weight_row(r + 1), weight_row(r + 2), weight_row(r + 3)];
+                            for (i, [v]) in quant::vec_dot_tile::<4, 1>(t, w4, [act(tok)], k).into_iter().enumerate() {
+                                store(tok, r + i, v);
+                            }
+                        }
+                        for r in r_tiled..r1 {
+                            store(tok, r, quant::vec_dot(t, weight_row(r), act(tok), k));
                         }
                     }
                 });
@@ -326,28 +373,10 @@ impl Backend for CpuBackend {
                         let g = h / group;
                         let pos = s.start_pos + t;
                         let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-                        let k_at = |j: usize| &kc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                        let v_at = |j: usize| &vc[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                        f16::f32_to_f16_row(qh, q16);
-                        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-                        acc.fill(0.0);
-                        for j in 0..=pos {
-                            let sc = f16::dot_f16(k_at(j), q16) * scale;
-                            let (mut ms, mut vs) = (1f32, 1f32);
-                            if sc > m {
-                                let old = m;
-                                m = sc;
-                                ms = (old - m).exp();
-                                f16::scale_rounded(acc, ms);
-                            } else {
-                                vs = (sc - m).exp();
-                            }
-                            f16::mad_rounded(acc, v_at(j), vs);
-                            sum = sum.mul_add(ms, vs);
-                        }
-                        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                        for (d, a) in out_h.iter_mut().zip(acc.iter()) {
-                            *d = a * inv;
+                        let rows = pos + 1;
+                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                        if !f16::attend_row(qh, k, v, kv_dim, rows, scale, out_h) {
+                            f16::attend_row_steps(qh, k, v, kv_dim, rows, scale, q16, acc, out_h);
                         }
                     },
                 );
@@ -499,9 +528,129 @@ mod f16 {
         }
     }
 
+    /// The per-step form of `attend_row` (any head size; q16 and acc are scratch of the
+    /// head size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_row_steps(
+        q: &[f32],
+        k: &[u16],
+        v: &[u16],
+        stride: usize,
+        rows: usize,
+        scale: f32,
+        q16: &mut [u16],
+        acc: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        f32_to_f16_row(q, q16);
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        acc.fill(0.0);
+        for j in 0..rows {
+            let sc = dot_f16(&k[j * stride..j * stride + hd], q16) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if sc > m {
+                let old = m;
+                m = sc;
+                ms = (old - m).exp();
+                scale_rounded(acc, ms);
+            } else {
+                vs = (sc - m).exp();
+            }
+            mad_rounded(acc, &v[j * stride..j * stride + hd], vs);
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for (d, a) in out.iter_mut().zip(acc.iter()) {
+            *d = a * inv;
+        }
+    }
+
+    /// One query row's attention over `rows` cache positions (K and V rows `stride` apart,
+    /// starting at k[0] and v[0]) in one fused kernel, the same arithmetic as the per-step
+    /// functions above (q rounded to f16, `dot_f16`, online softmax with libm expf, the
+    /// f16-rounded accumulator) with q and the accumulator held in registers. Returns false
+    /// (and does nothing) where no fused kernel exists: head sizes other than 64 and 128, or no
+    /// AVX2/FMA/F16C.
+    pub fn attend_row(q: &[f32], k: &[u16], v: &[u16], stride: usize, rows: usize, scale: f32, out: &mut [f32]) -> bool {
+        let hd = q.len();
+        #[cfg(target_arch = "x86_64")]
+        if *X86 && out.len() == hd && rows > 0 && k.len() >= (rows - 1) * stride + hd && v.len() >= (rows - 1) * stride + hd {
+            // SAFETY: avx2/fma/f16c detected; the slice lengths cover every row read.
+            unsafe {
+                match hd {
+                    64 => x86::attend_row::<8>(q, k, v, stride, rows, scale, out),
+                    128 => x86::attend_row::<16>(q, k, v, stride, rows, scale, out),
+                    _ => return false,
+                }
+            }
+            return true;
+        }
+        let _ = (q, k, v, stride, rows, scale, out, hd);
+        false
+    }
+
     #[cfg(target_arch = "x86_64")]
     mod x86 {
         use std::arch::x86_64::*;
+
+        /// `attend_row` for head size 8 * HD8 (a multiple of 64).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn attend_row<const HD8: usize>(
+            q: &[f32],
+            k: &[u16],
+            v: &[u16],
+            stride: usize,
+            rows: usize,
+            scale: f32,
+            out: &mut [f32],
+        ) {
+            let mut qv = [_mm256_setzero_ps(); HD8];
+            for (c, r) in qv.iter_mut().enumerate() {
+                *r = round(_mm256_loadu_ps(q.as_ptr().add(8 * c)));
+            }
+            let mut acc = [_mm256_setzero_ps(); HD8];
+            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+            for j in 0..rows {
+                let kp = k.as_ptr().add(j * stride);
+                // dot_f16's order: per 64 elements, lo[i]/hi[i] hold lanes 0..7/8..15 of
+                // the i-th 16-lane accumulator.
+                let mut lo = [_mm256_setzero_ps(); 4];
+                let mut hi = [_mm256_setzero_ps(); 4];
+                for c in 0..HD8 / 8 {
+                    for i in 0..4 {
+                        let e = 64 * c + 16 * i;
+                        lo[i] = _mm256_fmadd_ps(load_h(kp.add(e)), qv[e / 8], lo[i]);
+                        hi[i] = _mm256_fmadd_ps(load_h(kp.add(e + 8)), qv[e / 8 + 1], hi[i]);
+                    }
+                }
+                let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+                let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+                let sc = hsum(_mm256_add_ps(l, h)) * scale;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if sc > m {
+                    let old = m;
+                    m = sc;
+                    ms = (old - m).exp();
+                    let msv = _mm256_set1_ps(ms);
+                    for a in acc.iter_mut() {
+                        *a = round(_mm256_mul_ps(*a, msv));
+                    }
+                } else {
+                    vs = (sc - m).exp();
+                }
+                let vp = v.as_ptr().add(j * stride);
+                let vsv = _mm256_set1_ps(vs);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = round(_mm256_fmadd_ps(load_h(vp.add(8 * c)), vsv, *a));
+                }
+                sum = sum.mul_add(ms, vs);
+            }
+            let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
+            for (c, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), _mm256_mul_ps(*a, inv));
+            }
+        }
 
         #[inline(always)]
         unsafe fn load_h(p: *const u16) -> __m256 {
@@ -617,6 +766,11 @@ mod silu {
             // SAFETY: avx512f detected.
             return unsafe { swiglu_avx512(g, u) };
         }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: avx2 and fma detected.
+            return unsafe { swiglu_avx2(g, u) };
+        }
         for (a, b) in g.iter_mut().zip(u) {
             *a = *a / (1.0 + v_expf(-*a)) * b;
         }
@@ -656,8 +810,81 @@ mod silu {
         }
     }
 
+    /// The AVX-512 arithmetic on 8 lanes: vscalefps(j, n) is j * 2^n with one rounding, which
+    /// for |n| <= 126 is one multiply by the exact power of two built from n's bits. Chunks with
+    /// a lane outside that range (|x| > ~87, rare) take the scalar path, which handles them.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn swiglu_avx2(g: &mut [f32], u: &[f32]) {
+        use std::arch::x86_64::*;
+        let n = g.len().min(u.len());
+        let n8 = n & !7;
+        let set = _mm256_set1_ps;
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut i = 0;
+        while i < n8 {
+            let x = _mm256_loadu_ps(g.as_ptr().add(i));
+            let nx = _mm256_sub_ps(_mm256_setzero_ps(), x);
+            let z = _mm256_fmadd_ps(nx, set(LOG2E), set(R));
+            let nn = _mm256_sub_ps(z, set(R));
+            let out_of_range = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(nn, abs_mask), set(126.0)));
+            if out_of_range != 0 {
+                for k in i..i + 8 {
+                    g[k] = g[k] / (1.0 + v_expf(-g[k])) * u[k];
+                }
+                i += 8;
+                continue;
+            }
+            let b = _mm256_fnmadd_ps(nn, set(LN2_LO), _mm256_fnmadd_ps(nn, set(LN2_HI), nx));
+            let uu = _mm256_mul_ps(b, b);
+            let j = _mm256_fmadd_ps(
+                _mm256_fmadd_ps(_mm256_fmadd_ps(set(C5), b, set(C4)), uu, _mm256_fmadd_ps(set(C3), b, set(C2))),
+                uu,
+                _mm256_fmadd_ps(set(C1), b, set(1.0)),
+            );
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127))));
+            let e = _mm256_mul_ps(j, pow2);
+            let silu = _mm256_div_ps(x, _mm256_add_ps(set(1.0), e));
+            _mm256_storeu_ps(g.as_mut_ptr().add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr().add(i))));
+            i += 8;
+        }
+        for k in n8..n {
+            g[k] = g[k] / (1.0 + v_expf(-g[k])) * u[k];
+        }
+    }
+
     #[cfg(test)]
     mod tests {
+        /// Inputs across the whole range: the polynomial's domain, subnormal exp(-x), the
+        /// out-of-range chunks (|x| > 87) and the infinities.
+        fn inputs() -> (Vec<f32>, Vec<f32>) {
+            let mut x: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.013 + (i % 7) as f32 * 1e-3).collect();
+            x.extend((0..400).map(|i| (i as f32 - 200.0) * 0.55));
+            x.extend([87.3, -87.3, 88.7, -88.7, 103.0, -103.0, 150.0, -150.0, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-30, -1e-30]);
+            let u = (0..x.len()).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+            (x, u)
+        }
+
+        fn assert_matches_portable(x: &[f32], u: &[f32], got: &[f32]) {
+            for i in 0..x.len() {
+                let want = x[i] / (1.0 + super::v_expf(-x[i])) * u[i];
+                assert_eq!(got[i].to_bits(), want.to_bits(), "x = {}: {} vs {want}", x[i], got[i]);
+            }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[test]
+        fn avx2_and_portable_agree_bit_for_bit() {
+            if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+                return;
+            }
+            let (x, u) = inputs();
+            let mut a = x.clone();
+            // SAFETY: avx2 and fma detected.
+            unsafe { super::swiglu_avx2(&mut a, &u) };
+            assert_matches_portable(&x, &u, &a);
+        }
+
         #[test]
         fn constants_are_the_hex_floats() {
             assert_eq!(super::LN2_HI, f32::from_bits(0x3f31_7200));
@@ -671,14 +898,56 @@ mod silu {
             if !is_x86_feature_detected!("avx512f") {
                 return;
             }
-            let x: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.013 + (i % 7) as f32 * 1e-3).collect();
-            let u: Vec<f32> = (0..4096).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+            let (x, u) = inputs();
             let mut a = x.clone();
             // SAFETY: avx512f detected.
             unsafe { super::swiglu_avx512(&mut a, &u) };
-            for i in 0..x.len() {
-                let b = x[i] / (1.0 + super::v_expf(-x[i])) * u[i];
-                assert_eq!(a[i].to_bits(), b.to_bits(), "x = {}", x[i]);
+            assert_matches_portable(&x, &u, &a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod attention_tests {
+    use super::f16;
+
+    /// The fused attention row kernel must give the per-step path's bits exactly (greedy parity
+    /// with llama.cpp and bench hashes depend on it), for every prefix length, with K/V rows
+    /// interleaved in the cache as in a GQA layer.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fused_attention_row_equals_the_step_by_step_path() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        };
+        for hd in [64usize, 128] {
+            let (groups, rows_max) = (3usize, 70usize);
+            let stride = groups * hd;
+            let kf: Vec<f32> = (0..rows_max * stride).map(|_| rnd()).collect();
+            let vf: Vec<f32> = (0..rows_max * stride).map(|_| rnd()).collect();
+            let (mut k, mut v) = (vec![0u16; kf.len()], vec![0u16; vf.len()]);
+            f16::f32_to_f16_row(&kf, &mut k);
+            f16::f32_to_f16_row(&vf, &mut v);
+            let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            for g in 0..groups {
+                for rows in [1usize, 2, 7, 33, rows_max] {
+                    let (mut fused, mut steps) = (vec![0f32; hd], vec![0f32; hd]);
+                    let (mut q16, mut acc) = (vec![0u16; hd], vec![0f32; hd]);
+                    let ran = f16::attend_row(&q, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut fused);
+                    if !ran {
+                        assert!(!is_x86_feature_detected!("avx2"), "an AVX2 CPU must take the fused path");
+                        return;
+                    }
+                    f16::attend_row_steps(&q, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut q16, &mut acc, &mut steps);
+                    for (i, (a, b)) in fused.iter().zip(&steps).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} rows {rows} element {i}: {a} vs {b}");
+                    }
+                }
             }
         }
     }

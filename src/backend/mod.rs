@@ -81,6 +81,14 @@ pub trait Backend: Send + Sync {
     fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32);
     /// out[rows x w.rows] = x[rows x w.cols] · wᵀ.
     fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer);
+    /// `matmul` of several weights on the same input (q/k/v, gate/up), outs[i] for ws[i]. A
+    /// backend may fuse them (the CPU backend quantises the input once and runs one parallel
+    /// region); the default runs them one by one.
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, rows, out);
+        }
+    }
     /// x[r] += b for each of `rows` rows.
     fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
@@ -107,6 +115,12 @@ pub trait Backend: Send + Sync {
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer);
     /// Waits for queued work (no-op on CPU).
     fn synchronize(&self) {}
+    /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so
+    /// that each op's parallel split is a cheap join inside the pool instead of a hand-off
+    /// from (and a wake-up of) the calling thread; other backends just call it.
+    fn run(&self, pass: &mut (dyn FnMut() + Send)) {
+        pass()
+    }
     /// The first error of an op since the last call. GPU ops are queued and cannot return
     /// one; the forward pass checks this once per step.
     fn take_error(&self) -> Option<anyhow::Error> {

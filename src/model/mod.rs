@@ -143,6 +143,12 @@ impl Model {
     /// Runs `tokens` at positions cache.len.. and appends them to the cache.
     /// Returns logits (vocab floats per returned row) as asked by `which`.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
+        let mut result = None;
+        self.backend.run(&mut || result = Some(self.forward_pass(cache, tokens, which)));
+        result.expect("the backend ran the forward pass")
+    }
+
+    fn forward_pass(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 {
             bail!("forward called with no tokens");
@@ -170,9 +176,7 @@ impl Model {
             // Attention block.
             be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
             let a = &layer.attn;
-            be.matmul(&a.wq, &h, n, &mut q);
-            be.matmul(&a.wk, &h, n, &mut k);
-            be.matmul(&a.wv, &h, n, &mut v);
+            be.matmul_many(&[&a.wq, &a.wk, &a.wv], &h, n, &mut [&mut q, &mut k, &mut v]);
             if let Some(b) = &a.bq {
                 be.add_bias(&mut q, b, n);
             }
@@ -199,8 +203,7 @@ impl Model {
             be.rmsnorm(&x, &layer.ffn_norm, n, d, hp.rms_eps, &mut h);
             match &layer.ffn {
                 Ffn::Dense { gate: wg, up: wu, down: wd } => {
-                    be.matmul(wg, &h, n, &mut gate);
-                    be.matmul(wu, &h, n, &mut up);
+                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
                     be.silu_mul(&mut gate, &up, n * ff);
                     be.matmul(wd, &gate, n, &mut h);
                 }

@@ -150,6 +150,46 @@ pub fn vec_dot_at(level: SimdLevel, weight: GgmlType, w_row: &[u8], act_row: &[u
     Some(simd::dot_at(level, weight, w_row, act_row, n))
 }
 
+/// `vec_dot` of R weight rows against T activation rows at once (the GEMM's inner tile:
+/// 1 x 4 in prefill, 4 x 1 in decode): out[r][t] is bit for bit `vec_dot(weight, w_rows[r],
+/// act_rows[t], n)`. Call only where `has_dot_tile(weight)`.
+///
+/// Panics on wrong row lengths or a type without a tile kernel (caller bugs).
+#[inline]
+pub fn vec_dot_tile<const R: usize, const T: usize>(weight: GgmlType, w_rows: [&[u8]; R], act_rows: [&[u8]; T], n: usize) -> [[f32; T]; R] {
+    for w in w_rows {
+        for a in act_rows {
+            check_dot_args(weight, w, a, n);
+        }
+    }
+    simd::dot_tile_at(simd::level(), weight, w_rows, act_rows, n)
+}
+
+/// `vec_dot_tile` at an explicit level (tests); None when this CPU lacks the level or the
+/// level has no tile kernel for the type.
+pub fn vec_dot_tile_at<const R: usize, const T: usize>(
+    level: SimdLevel,
+    weight: GgmlType,
+    w_rows: [&[u8]; R],
+    act_rows: [&[u8]; T],
+    n: usize,
+) -> Option<[[f32; T]; R]> {
+    if !level.available() || !simd::has_tile(level, weight) {
+        return None;
+    }
+    for w in w_rows {
+        for a in act_rows {
+            check_dot_args(weight, w, a, n);
+        }
+    }
+    Some(simd::dot_tile_at(level, weight, w_rows, act_rows, n))
+}
+
+/// Whether `vec_dot_tile` has a fused kernel for this type on this CPU.
+pub fn has_dot_tile(weight: GgmlType) -> bool {
+    simd::has_tile(simd::level(), weight)
+}
+
 /// Dequantises a row of `dst.len()` elements.
 pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> anyhow::Result<()> {
     check_row(t, dst.len(), src.len())?;

@@ -453,3 +453,35 @@ fn print_roundtrip_errors() {
         println!("{t}: worst relative RMS {:.5}", worst.fold(0f64, f64::max));
     }
 }
+
+#[test]
+fn dot_tiles_equal_single_dots_bit_for_bit() {
+    // The GEMM's tile kernels (1 x 4 in prefill, 4 x 1 in decode) must give exactly what single
+    // vec_dot calls give at every SIMD level (greedy parity with llama.cpp and bit-exact bench
+    // hashes depend on it).
+    let mut r = ChaCha8Rng::seed_from_u64(11);
+    let mut tiles_run = 0;
+    for t in TYPES {
+        for level in SimdLevel::ALL.into_iter().filter(|l| *l != SimdLevel::Scalar && l.available()) {
+            for blocks in [1usize, 2, 3, 18, 48] {
+                let n = t.block_size().max(act_format(t).block_size()) * blocks;
+                let w: Vec<Vec<u8>> = (0..4).map(|_| random_weight_row(t, n, &mut r)).collect();
+                let a: Vec<Vec<u8>> = (0..4).map(|_| quantize_act(act_format(t), &data(r.gen(), n))).collect();
+                let Some([row]) = super::vec_dot_tile_at::<1, 4>(level, t, [&w[0]], [&a[0], &a[1], &a[2], &a[3]], n) else {
+                    continue;
+                };
+                let col = super::vec_dot_tile_at::<4, 1>(level, t, [&w[0], &w[1], &w[2], &w[3]], [&a[0]], n).unwrap();
+                for i in 0..4 {
+                    let want = vec_dot_at(level, t, &w[0], &a[i], n).unwrap();
+                    assert_eq!(row[i].to_bits(), want.to_bits(), "{t} {level:?} n={n} 1x4 act {i}: {} vs {want}", row[i]);
+                    let want = vec_dot_at(level, t, &w[i], &a[0], n).unwrap();
+                    assert_eq!(col[i][0].to_bits(), want.to_bits(), "{t} {level:?} n={n} 4x1 row {i}: {} vs {want}", col[i][0]);
+                }
+                tiles_run += 1;
+            }
+        }
+    }
+    if SimdLevel::Avx2.available() {
+        assert!(tiles_run > 0, "an AVX2 CPU has the Q4_1 tile kernel");
+    }
+}

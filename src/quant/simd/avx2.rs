@@ -117,6 +117,47 @@ unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum256(acc) + summs
 }
 
+/// A tile of Q4_1 dots: R weight rows against T Q8_1 activation rows (prefill uses 1 x 4,
+/// decode 4 x 1), every result bit for bit `dot_q4_1`'s — each output keeps its own
+/// accumulator, block order and scale products — with each weight block unpacked once per
+/// tile and each activation block loaded once per tile. R * T independent FMA chains also
+/// hide the FMA latency that bounds a single dot.
+///
+/// # Safety
+/// avx2/fma/f16c; every row holds `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_1_tile<const R: usize, const T: usize>(w: [*const u8; R], a: [*const u8; T], nb: usize) -> [[f32; T]; R] {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut summs = [[0f32; T]; R];
+    for i in 0..nb {
+        let mut q = [_mm256_setzero_si256(); R];
+        let mut dm_w = [_mm_setzero_ps(); R]; // [d, m] per weight row
+        for r in 0..R {
+            let bw = w[r].add(i * Q4_1_BYTES);
+            q[r] = nibbles_16(bw.add(4));
+            dm_w[r] = _mm_cvtph_ps(_mm_cvtsi32_si128((rd16(bw) | rd16(bw.add(2)) << 16) as i32));
+        }
+        for t in 0..T {
+            let ba = a[t].add(i * Q8_1_BYTES);
+            let qa = loadu256(ba.add(4));
+            let ds_a = _mm_cvtph_ps(_mm_cvtsi32_si128((rd16(ba) | rd16(ba.add(2)) << 16) as i32)); // [d, s]
+            for r in 0..R {
+                let dot = widen(_mm256_maddubs_epi16(q[r], qa));
+                let p = _mm_mul_ps(dm_w[r], ds_a); // [d_w * d_a, m_w * s_a]
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), acc[r][t]);
+                summs[r][t] += _mm_cvtss_f32(_mm_movehdup_ps(p));
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = hsum256(acc[r][t]) + summs[r][t];
+        }
+    }
+    out
+}
+
 /// Q8_K parts of one activation super-block: (d, pointer to the 256 quants, group sums).
 #[inline(always)]
 unsafe fn q8k(ba: *const u8) -> (f32, *const u8, __m256i) {

@@ -98,6 +98,34 @@ pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize
     dot_scalar(t, w, a, n)
 }
 
+/// Whether `dot_tile_at` has a fused kernel for this type at this level (Q4_1 from AVX2 up;
+/// the AVX-512 level runs the AVX2 tile, whose integer sums and float order equal its own
+/// `dot_q4_1`).
+pub(crate) fn has_tile(level: SimdLevel, t: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && t == GgmlType::Q4_1
+}
+
+/// R weight rows against T activation rows, out[r][t] bit-identical to `dot_at` of row r and
+/// activation t. The caller checked `has_tile`, `available` and every row length.
+#[inline]
+pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
+    level: SimdLevel,
+    t: GgmlType,
+    w: [&[u8]; R],
+    a: [&[u8]; T],
+    n: usize,
+) -> [[f32; T]; R] {
+    assert!(has_tile(level, t), "no {t} tile kernel at {level:?}");
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2/FMA/F16C are part of every level from Avx2 up (available, checked by
+        // the caller), and the rows hold n elements (checked by the caller).
+        unsafe { avx2::dot_q4_1_tile::<R, T>(w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()), n / 32) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_tile is false off x86-64")
+}
+
 /// The scalar remainder `start..n` of an F32/F16/BF16 dot product.
 #[allow(dead_code)]
 pub(crate) fn dot_float_tail(t: GgmlType, w: &[u8], a: &[u8], n: usize, start: usize) -> f32 {
