@@ -223,7 +223,8 @@ impl Backend for CpuBackend {
         let x = buf(x);
         assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
         // Row blocks of every weight: (weight bytes, weight rows, output, first block index).
-        let block = 16usize;
+        const BLOCK: usize = 16;
+        let block = BLOCK;
         let mut jobs = Vec::with_capacity(ws.len());
         let mut blocks = 0;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
@@ -243,12 +244,14 @@ impl Backend for CpuBackend {
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
                 let tiled = quant::has_dot_tile(t);
-                // Within a block, tiles of dots run where the type has a tile kernel: one weight
-                // row by four activation rows while four are left (prefill: both sit in L1,
-                // each weight block unpacked once per four dots), four weight rows by one
-                // activation row otherwise (decode: four independent FMA chains). Leftovers go
-                // one dot at a time.
+                // Within a block, where the type has tile kernels: one weight row by four
+                // activation rows while four are left (prefill: both sit in L1, each weight
+                // block unpacked once per four dots); the remaining activation rows (all of
+                // decode's one) as one matrix-vector call over the block's weight rows (four
+                // rows per tile: four independent FMA chains).
                 let fused_tokens = if tiled { rows / 4 * 4 } else { 0 };
+                // Q4_1's prefill tile reads the activation scales as f32, block-major.
+                let q8_1_scales = (t == quant::GgmlType::Q4_1 && fused_tokens > 0).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 (0..blocks).into_par_iter().for_each(|b| {
                     let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
@@ -257,24 +260,23 @@ impl Backend for CpuBackend {
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
                     for tok in (0..fused_tokens).step_by(4) {
+                        let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
                         for r in r0..r1 {
-                            let [v] =
-                                quant::vec_dot_tile::<1, 4>(t, [weight_row(r)], [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)], k);
+                            let v = match &q8_1_scales {
+                                Some(sc) => quant::vec_dot_q4_1_x4(weight_row(r), act4, sc, tok, k),
+                                None => quant::vec_dot_tile::<1, 4>(t, [weight_row(r)], act4, k)[0],
+                            };
                             for (i, v) in v.into_iter().enumerate() {
                                 store(tok + i, r, v);
                             }
                         }
                     }
-                    let r_tiled = if tiled { r0 + (r1 - r0) / 4 * 4 } else { r0 };
+                    let mut row_out = [0f32; BLOCK];
                     for tok in fused_tokens..rows {
-                        for r in (r0..r_tiled).step_by(4) {
-                            let w4 = [weight_row(r), weight_row(r + 1), weight_row(r + 2), weight_row(r + 3)];
-                            for (i, [v]) in quant::vec_dot_tile::<4, 1>(t, w4, [act(tok)], k).into_iter().enumerate() {
-                                store(tok, r + i, v);
-                            }
-                        }
-                        for r in r_tiled..r1 {
-                            store(tok, r, quant::vec_dot(t, weight_row(r), act(tok), k));
+                        let out = &mut row_out[..r1 - r0];
+                        quant::vec_dot_rows(t, &bytes[r0 * w_bytes..r1 * w_bytes], act(tok), k, out);
+                        for (i, v) in out.iter().enumerate() {
+                            store(tok, r0 + i, *v);
                         }
                     }
                 });

@@ -185,6 +185,63 @@ pub fn vec_dot_tile_at<const R: usize, const T: usize>(
     Some(simd::dot_tile_at(level, weight, w_rows, act_rows, n))
 }
 
+/// The f16 scales of a matrix of Q8_1 activation rows as f32, block-major (`d[block * rows +
+/// row]`, `s` likewise), for `vec_dot_q4_1_x4`: four rows' scales of a block in one load.
+pub struct Q8_1Scales {
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub rows: usize,
+}
+
+impl Q8_1Scales {
+    /// From `rows` Q8_1 rows of n elements each, back to back in `acts`.
+    pub fn new(acts: &[u8], rows: usize, n: usize) -> Q8_1Scales {
+        let (nb, row_bytes) = (n / legacy::QK, act_row_bytes(ActFormat::Q8_1, n));
+        assert_eq!(acts.len(), rows * row_bytes, "Q8_1Scales: {rows} rows of {n} elements");
+        let (mut d, mut s) = (vec![0f32; nb * rows], vec![0f32; nb * rows]);
+        for r in 0..rows {
+            for b in 0..nb {
+                let blk = &acts[r * row_bytes + b * legacy::Q8_1_BYTES..];
+                d[b * rows + r] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                s[b * rows + r] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+            }
+        }
+        Q8_1Scales { d, s, rows }
+    }
+}
+
+/// `vec_dot_tile::<1, 4>` for Q4_1 weights against activation rows `first..first + 4` of a
+/// Q8_1 matrix whose scales are `scales` (the prefill GEMM's inner step), bit for bit; call
+/// only where `has_dot_tile(Q4_1)`.
+pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, first: usize, n: usize) -> [f32; 4] {
+    assert!(has_dot_tile(GgmlType::Q4_1), "no Q4_1 tile kernel on this CPU");
+    for a in act_rows {
+        check_dot_args(GgmlType::Q4_1, w_row, a, n);
+    }
+    let nb = n / legacy::QK;
+    assert!(first + 4 <= scales.rows && scales.d.len() == nb * scales.rows && scales.s.len() == nb * scales.rows);
+    simd::dot_q4_1_x4_scaled(w_row, act_rows, &scales.d[first..], &scales.s[first..], scales.rows, nb)
+}
+
+/// out[r] = `vec_dot(weight, row r of w_rows, act_row, n)` for the `out.len()` consecutive
+/// weight rows in `w_rows` (a matrix-vector product over a row range, as decode runs it), bit
+/// for bit; one length check for the whole range.
+pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, out: &mut [f32]) {
+    let row_bytes = weight.row_bytes(n).unwrap_or(0);
+    assert!(w_rows.len() == out.len() * row_bytes, "vec_dot_rows({weight}, n={n}): {} bytes for {} rows", w_rows.len(), out.len());
+    if out.is_empty() {
+        return;
+    }
+    check_dot_args(weight, &w_rows[..row_bytes], act_row, n);
+    if has_dot_tile(weight) && weight == GgmlType::Q4_1 {
+        return simd::dot_q4_1_rows(w_rows, row_bytes, act_row, n / legacy::QK, out);
+    }
+    let level = simd::level();
+    for (o, w) in out.iter_mut().zip(w_rows.chunks_exact(row_bytes)) {
+        *o = simd::dot_at(level, weight, w, act_row, n);
+    }
+}
+
 /// Whether `vec_dot_tile` has a fused kernel for this type on this CPU.
 pub fn has_dot_tile(weight: GgmlType) -> bool {
     simd::has_tile(simd::level(), weight)

@@ -471,9 +471,18 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
                     continue;
                 };
                 let col = super::vec_dot_tile_at::<4, 1>(level, t, [&w[0], &w[1], &w[2], &w[3]], [&a[0]], n).unwrap();
+                // The prefill form with block-major f32 scales, on rows 1..5 of a 6-row matrix.
+                let scaled = (t == GgmlType::Q4_1 && super::has_dot_tile(t)).then(|| {
+                    let matrix: Vec<u8> = [3, 0, 1, 2, 3, 1].iter().flat_map(|&i| a[i].iter().copied()).collect();
+                    let scales = super::Q8_1Scales::new(&matrix, 6, n);
+                    super::vec_dot_q4_1_x4(&w[0], [&a[0], &a[1], &a[2], &a[3]], &scales, 1, n)
+                });
                 for i in 0..4 {
                     let want = vec_dot_at(level, t, &w[0], &a[i], n).unwrap();
                     assert_eq!(row[i].to_bits(), want.to_bits(), "{t} {level:?} n={n} 1x4 act {i}: {} vs {want}", row[i]);
+                    if let Some(scaled) = scaled {
+                        assert_eq!(scaled[i].to_bits(), want.to_bits(), "{t} n={n} scaled 1x4 act {i}: {} vs {want}", scaled[i]);
+                    }
                     let want = vec_dot_at(level, t, &w[i], &a[0], n).unwrap();
                     assert_eq!(col[i][0].to_bits(), want.to_bits(), "{t} {level:?} n={n} 4x1 row {i}: {} vs {want}", col[i][0]);
                 }

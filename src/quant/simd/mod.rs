@@ -126,6 +126,30 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
     unreachable!("has_tile is false off x86-64")
 }
 
+/// `avx2::dot_q4_1_x4_scaled`; the caller checked the level (Avx2 or above) and the lengths.
+#[inline]
+pub(crate) fn dot_q4_1_x4_scaled(w: &[u8], a: [&[u8]; 4], d: &[f32], s: &[f32], stride: usize, nb: usize) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: see the caller (quant::vec_dot_q4_1_x4).
+        unsafe { avx2::dot_q4_1_x4_scaled(w.as_ptr(), a.map(|r| r.as_ptr()), d.as_ptr(), s.as_ptr(), stride, nb) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_tile is false off x86-64")
+}
+
+/// `avx2::dot_q4_1_rows`; the caller checked the level (has_tile) and the lengths.
+#[inline]
+pub(crate) fn dot_q4_1_rows(w: &[u8], row_bytes: usize, a: &[u8], nb: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: see the caller (quant::vec_dot_rows).
+        unsafe { avx2::dot_q4_1_rows(w.as_ptr(), row_bytes, a.as_ptr(), nb, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_tile is false off x86-64")
+}
+
 /// The scalar remainder `start..n` of an F32/F16/BF16 dot product.
 #[allow(dead_code)]
 pub(crate) fn dot_float_tail(t: GgmlType, w: &[u8], a: &[u8], n: usize, start: usize) -> f32 {
