@@ -9,7 +9,8 @@
 # env: LLAMA_CPP_DIR (default build/llama.cpp), MODEL (default models/smollm2-135m-instruct-q4_1.gguf),
 #      JOBS (default: nproc)
 #
-# The build is cached by the sha256 of the sdist: bin/ plus a stamp file naming that hash.
+# The build is cached by the sha256 of the sdist and the ISA flags chosen from /proc/cpuinfo
+# (AVX-512 where the CPU has it, AVX2 otherwise): bin/ plus a stamp file naming that hash.
 # AMX stays off: these machines advertise AMX in CPUID but fault on its instructions.
 set -euo pipefail
 
