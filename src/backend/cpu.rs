@@ -243,15 +243,15 @@ impl Backend for CpuBackend {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
-                let tiled = quant::has_dot_tile(t);
-                // Within a block, where the type has tile kernels: one weight row by four
+                // Within a block, where the type has tile kernels (Q4_1): one weight row by four
                 // activation rows while four are left (prefill: both sit in L1, each weight
-                // block unpacked once per four dots); the remaining activation rows (all of
-                // decode's one) as one matrix-vector call over the block's weight rows (four
-                // rows per tile: four independent FMA chains).
-                let fused_tokens = if tiled { rows / 4 * 4 } else { 0 };
-                // Q4_1's prefill tile reads the activation scales as f32, block-major.
-                let q8_1_scales = (t == quant::GgmlType::Q4_1 && fused_tokens > 0).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                // block unpacked once per four dots; the activation scales read as f32,
+                // block-major); the remaining activation rows (all of decode's one) as one
+                // matrix-vector call over the block's weight rows (four rows per tile: four
+                // independent FMA chains).
+                let q8_1_scales =
+                    (t == quant::GgmlType::Q4_1 && quant::has_dot_tile(t) && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                let fused_tokens = if q8_1_scales.is_some() { rows / 4 * 4 } else { 0 };
                 (0..blocks).into_par_iter().for_each(|b| {
                     let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
@@ -259,15 +259,13 @@ impl Backend for CpuBackend {
                     let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
-                    for tok in (0..fused_tokens).step_by(4) {
-                        let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
-                        for r in r0..r1 {
-                            let v = match &q8_1_scales {
-                                Some(sc) => quant::vec_dot_q4_1_x4(weight_row(r), act4, sc, tok, k),
-                                None => quant::vec_dot_tile::<1, 4>(t, [weight_row(r)], act4, k)[0],
-                            };
-                            for (i, v) in v.into_iter().enumerate() {
-                                store(tok + i, r, v);
+                    if let Some(scales) = &q8_1_scales {
+                        for tok in (0..fused_tokens).step_by(4) {
+                            let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
+                            for r in r0..r1 {
+                                for (i, v) in quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k).into_iter().enumerate() {
+                                    store(tok + i, r, v);
+                                }
                             }
                         }
                     }
@@ -773,6 +771,11 @@ mod silu {
             // SAFETY: avx2 and fma detected.
             return unsafe { swiglu_avx2(g, u) };
         }
+        swiglu_scalar(g, u);
+    }
+
+    /// silu(g) * u element by element (the portable path, and the SIMD paths' tails).
+    fn swiglu_scalar(g: &mut [f32], u: &[f32]) {
         for (a, b) in g.iter_mut().zip(u) {
             *a = *a / (1.0 + v_expf(-*a)) * b;
         }
@@ -807,9 +810,7 @@ mod silu {
             let silu = _mm512_div_ps(x, _mm512_add_ps(set(1.0), e));
             _mm512_storeu_ps(g.as_mut_ptr().add(i), _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr().add(i))));
         }
-        for i in n16..n {
-            g[i] = g[i] / (1.0 + v_expf(-g[i])) * u[i];
-        }
+        swiglu_scalar(&mut g[n16..n], &u[n16..n]);
     }
 
     /// The AVX-512 arithmetic on 8 lanes: vscalefps(j, n) is j * 2^n with one rounding, which
@@ -831,9 +832,7 @@ mod silu {
             let nn = _mm256_sub_ps(z, set(R));
             let out_of_range = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_and_ps(nn, abs_mask), set(126.0)));
             if out_of_range != 0 {
-                for k in i..i + 8 {
-                    g[k] = g[k] / (1.0 + v_expf(-g[k])) * u[k];
-                }
+                swiglu_scalar(&mut g[i..i + 8], &u[i..i + 8]);
                 i += 8;
                 continue;
             }
@@ -850,9 +849,7 @@ mod silu {
             _mm256_storeu_ps(g.as_mut_ptr().add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr().add(i))));
             i += 8;
         }
-        for k in n8..n {
-            g[k] = g[k] / (1.0 + v_expf(-g[k])) * u[k];
-        }
+        swiglu_scalar(&mut g[n8..n], &u[n8..n]);
     }
 
     #[cfg(test)]

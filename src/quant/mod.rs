@@ -150,23 +150,10 @@ pub fn vec_dot_at(level: SimdLevel, weight: GgmlType, w_row: &[u8], act_row: &[u
     Some(simd::dot_at(level, weight, w_row, act_row, n))
 }
 
-/// `vec_dot` of R weight rows against T activation rows at once (the GEMM's inner tile:
-/// 1 x 4 in prefill, 4 x 1 in decode): out[r][t] is bit for bit `vec_dot(weight, w_rows[r],
-/// act_rows[t], n)`. Call only where `has_dot_tile(weight)`.
-///
-/// Panics on wrong row lengths or a type without a tile kernel (caller bugs).
-#[inline]
-pub fn vec_dot_tile<const R: usize, const T: usize>(weight: GgmlType, w_rows: [&[u8]; R], act_rows: [&[u8]; T], n: usize) -> [[f32; T]; R] {
-    for w in w_rows {
-        for a in act_rows {
-            check_dot_args(weight, w, a, n);
-        }
-    }
-    simd::dot_tile_at(simd::level(), weight, w_rows, act_rows, n)
-}
-
-/// `vec_dot_tile` at an explicit level (tests); None when this CPU lacks the level or the
-/// level has no tile kernel for the type.
+/// `vec_dot` of R weight rows against T activation rows at once, the tile kernels behind
+/// `vec_dot_rows` (4 x 1) and `vec_dot_q4_1_x4` (1 x 4): out[r][t] is bit for bit
+/// `vec_dot(weight, w_rows[r], act_rows[t], n)`. At an explicit level, for tests; None when
+/// this CPU lacks the level or the level has no tile kernel for the type.
 pub fn vec_dot_tile_at<const R: usize, const T: usize>(
     level: SimdLevel,
     weight: GgmlType,
@@ -202,15 +189,15 @@ impl Q8_1Scales {
         for r in 0..rows {
             for b in 0..nb {
                 let blk = &acts[r * row_bytes + b * legacy::Q8_1_BYTES..];
-                d[b * rows + r] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                s[b * rows + r] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                d[b * rows + r] = float::f16_at(blk, 0);
+                s[b * rows + r] = float::f16_at(blk, 2);
             }
         }
         Q8_1Scales { d, s, rows }
     }
 }
 
-/// `vec_dot_tile::<1, 4>` for Q4_1 weights against activation rows `first..first + 4` of a
+/// The 1 x 4 tile (`vec_dot_tile_at`) for Q4_1 weights against activation rows `first..first + 4` of a
 /// Q8_1 matrix whose scales are `scales` (the prefill GEMM's inner step), bit for bit; call
 /// only where `has_dot_tile(Q4_1)`.
 pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, first: usize, n: usize) -> [f32; 4] {
@@ -242,7 +229,7 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
     }
 }
 
-/// Whether `vec_dot_tile` has a fused kernel for this type on this CPU.
+/// Whether this type has tile kernels on this CPU (`vec_dot_rows` and `vec_dot_q4_1_x4` use them).
 pub fn has_dot_tile(weight: GgmlType) -> bool {
     simd::has_tile(simd::level(), weight)
 }
