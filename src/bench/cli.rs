@@ -17,10 +17,10 @@ pub struct BenchArgs {
     /// GGUF model to benchmark (local runs).
     #[arg(short = 'm', long, default_value = "models/default.gguf")]
     pub model: PathBuf,
-    /// Prompt-processing sizes (tokens), comma separated; empty to skip.
+    /// Prompt-processing sizes (tokens), comma separated; empty or 0 to skip (as llama-bench).
     #[arg(short = 'p', long = "n-prompt", default_value = "512", value_parser = parse_list)]
     pub pp: std::vec::Vec<usize>,
-    /// Generation lengths (tokens), comma separated; empty to skip.
+    /// Generation lengths (tokens), comma separated; empty or 0 to skip (as llama-bench).
     #[arg(short = 'n', long = "n-gen", default_value = "128", value_parser = parse_list)]
     pub tg: std::vec::Vec<usize>,
     /// Context depths for generation tests, comma separated.
@@ -115,8 +115,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
             threads: args.threads,
             backend: args.backend.backend.clone(),
             gpu: args.backend.gpu_options(),
-            pp: args.pp.clone(),
-            tg: args.tg.clone(),
+            pp: args.pp.iter().copied().filter(|&n| n > 0).collect(),
+            tg: args.tg.iter().copied().filter(|&n| n > 0).collect(),
             depths: args.depth.clone(),
             repetitions: args.repetitions,
             warmup: args.warmup,

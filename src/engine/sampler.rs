@@ -33,7 +33,9 @@ impl Sampler {
         }
         let logprob_of = |logits: &[f32], tok: usize| -> f32 {
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32 + max;
+            // exp in f32 (libm's expf: a third of f64 exp's time over a 49k vocabulary, on the
+            // decode's serial path), summed in f64: the f32 result moves by at most an ulp.
+            let lse = logits.iter().map(|&l| (l - max).exp() as f64).sum::<f64>().ln() as f32 + max;
             logits[tok] - lse
         };
         if p.temperature <= 0.0 {

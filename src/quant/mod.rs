@@ -224,7 +224,9 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
         return simd::dot_q4_1_rows(w_rows, row_bytes, act_row, n / legacy::QK, out);
     }
     let level = simd::level();
+    let ahead = simd::PREFETCH_ROWS * row_bytes;
     for (o, w) in out.iter_mut().zip(w_rows.chunks_exact(row_bytes)) {
+        simd::prefetch(w.as_ptr().wrapping_add(ahead), row_bytes);
         *o = simd::dot_at(level, weight, w, act_row, n);
     }
 }

@@ -164,6 +164,16 @@ proptest! {
     }
 
     #[test]
+    fn small_round_half_even_equals_round_ties_even(y in -4_194_303.0f32..4_194_303.0, half in -300i32..300) {
+        use super::legacy::round_half_even_small;
+        prop_assert_eq!(round_half_even_small(y), y.round_ties_even());
+        // Exact ties (k + 0.5) and the activation range, where the rounding direction matters.
+        let tie = half as f32 + 0.5;
+        prop_assert_eq!(round_half_even_small(tie), tie.round_ties_even());
+        prop_assert_eq!(round_half_even_small(tie / 2.0), (tie / 2.0).round_ties_even());
+    }
+
+    #[test]
     fn f16_and_bf16_round_trip_representable_values_exactly(bits in any::<u16>()) {
         let h = f16_to_f32(bits);
         if !h.is_nan() {

@@ -126,7 +126,12 @@ unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// # Safety
 /// avx2/fma/f16c; every row holds `nb` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q4_1_tile<const R: usize, const T: usize>(w: [*const u8; R], a: [*const u8; T], nb: usize) -> [[f32; T]; R] {
+pub(super) unsafe fn dot_q4_1_tile<const R: usize, const T: usize>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+    prefetch: usize,
+) -> [[f32; T]; R] {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut summs = [[0f32; T]; R];
     for i in 0..nb {
@@ -141,6 +146,8 @@ pub(super) unsafe fn dot_q4_1_tile<const R: usize, const T: usize>(w: [*const u8
         }
         for r in 0..R {
             let bw = w[r].add(i * Q4_1_BYTES);
+            // Never faults; past the matrix it only wastes a fetch.
+            _mm_prefetch::<_MM_HINT_T0>(bw.wrapping_add(prefetch) as *const i8);
             let q = nibbles_16(bw.add(4));
             let dm_w = _mm_cvtph_ps(_mm_cvtsi32_si128((rd16(bw) | rd16(bw.add(2)) << 16) as i32)); // [d, m]
             for t in 0..T {
@@ -207,16 +214,17 @@ pub(super) unsafe fn dot_q4_1_x4_scaled(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4_1_rows(w: *const u8, row_bytes: usize, a: *const u8, nb: usize, out: &mut [f32]) {
     let rows = out.len();
+    let prefetch = super::PREFETCH_ROWS * row_bytes;
     let mut r = 0;
     while r + 4 <= rows {
-        let v = dot_q4_1_tile::<4, 1>(std::array::from_fn(|i| w.add((r + i) * row_bytes)), [a], nb);
+        let v = dot_q4_1_tile::<4, 1>(std::array::from_fn(|i| w.add((r + i) * row_bytes)), [a], nb, prefetch);
         for i in 0..4 {
             out[r + i] = v[i][0];
         }
         r += 4;
     }
     for (r, o) in out.iter_mut().enumerate().skip(r) {
-        let [[v]] = dot_q4_1_tile::<1, 1>([w.add(r * row_bytes)], [a], nb);
+        let [[v]] = dot_q4_1_tile::<1, 1>([w.add(r * row_bytes)], [a], nb, prefetch);
         *o = v;
     }
 }

@@ -120,7 +120,7 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
     {
         // SAFETY: AVX2/FMA/F16C are part of every level from Avx2 up (available, checked by
         // the caller), and the rows hold n elements (checked by the caller).
-        unsafe { avx2::dot_q4_1_tile::<R, T>(w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()), n / 32) }
+        unsafe { avx2::dot_q4_1_tile::<R, T>(w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()), n / 32, 0) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("has_tile is false off x86-64")
@@ -136,6 +136,25 @@ pub(crate) fn dot_q4_1_x4_scaled(w: &[u8], a: [&[u8]; 4], d: &[f32], s: &[f32], 
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("has_tile is false off x86-64")
+}
+
+/// How far ahead of the row being read a matrix-vector product prefetches the weights, in
+/// rows. The hardware prefetchers alone leave a decode matvec waiting on DRAM (several row
+/// streams at once, each matrix a fresh start): with 8-16 rows ahead the Q4_1 matvec of a
+/// SmolLM2-sized stack went from 8.2 to 5.9-6.2 ms per token on one thread, with 32 rows it
+/// fell back (examples/decode_matvec.rs, docs/PERF.md).
+pub(crate) const PREFETCH_ROWS: usize = 8;
+
+/// Asks for the cache lines of `len` bytes at `p` (a hint: never faults, any address).
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..len).step_by(64) {
+        // SAFETY: a prefetch has no architectural effect and never faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off) as *const i8) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
 }
 
 /// `avx2::dot_q4_1_rows`; the caller checked the level (has_tile) and the lengths.
