@@ -363,20 +363,23 @@ impl Backend for CpuBackend {
         let group = s.n_head / s.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
         let q_dim = s.n_head * hd;
+        // One work item per token and GQA group: the group's query heads are adjacent in q
+        // and in the output, and read the same K/V rows.
+        let q_group = group * hd;
         self.timed("attention", s.n_tokens, || {
             self.pool.install(|| {
-                o[..s.n_tokens * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
-                    || (vec![0u16; hd], vec![0f32; hd]),
-                    |(q16, acc), (idx, out_h)| {
-                        let t = idx / s.n_head;
-                        let h = idx % s.n_head;
-                        let g = h / group;
-                        let pos = s.start_pos + t;
-                        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-                        let rows = pos + 1;
+                o[..s.n_tokens * q_dim].par_chunks_mut(q_group).enumerate().for_each_init(
+                    || (vec![0u16; hd], vec![0f32; hd], f16::GroupScratch::default()),
+                    |(q16, acc, scratch), (idx, out_g)| {
+                        let t = idx / s.n_head_kv;
+                        let g = idx % s.n_head_kv;
+                        let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
+                        let rows = s.start_pos + t + 1;
                         let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                        if !f16::attend_row(qh, k, v, kv_dim, rows, scale, out_h) {
-                            f16::attend_row_steps(qh, k, v, kv_dim, rows, scale, q16, acc, out_h);
+                        if !f16::attend_group(qg, hd, k, v, kv_dim, rows, scale, out_g, scratch) {
+                            for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
+                                f16::attend_row_steps(qh, k, v, kv_dim, rows, scale, q16, acc, out_h);
+                            }
                         }
                     },
                 );
@@ -528,8 +531,10 @@ mod f16 {
         }
     }
 
-    /// The per-step form of `attend_row` (any head size; q16 and acc are scratch of the
-    /// head size).
+    /// One query row's attention over `rows` cache positions (K and V rows `stride` apart,
+    /// starting at k[0] and v[0]), step by step: q rounded to f16, `dot_f16`, online softmax
+    /// with libm expf, the f16-rounded accumulator. Any head size; q16 and acc are scratch of
+    /// the head size. The reference of `attend_group`, and its fallback.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_row_steps(
         q: &[f32],
@@ -566,37 +571,69 @@ mod f16 {
         }
     }
 
-    /// One query row's attention over `rows` cache positions (K and V rows `stride` apart,
-    /// starting at k[0] and v[0]) in one fused kernel, the same arithmetic as the per-step
-    /// functions above (q rounded to f16, `dot_f16`, online softmax with libm expf, the
-    /// f16-rounded accumulator) with q and the accumulator held in registers. Returns false
-    /// (and does nothing) where no fused kernel exists: head sizes other than 64 and 128, or no
-    /// AVX2/FMA/F16C.
-    pub fn attend_row(q: &[f32], k: &[u16], v: &[u16], stride: usize, rows: usize, scale: f32, out: &mut [f32]) -> bool {
-        let hd = q.len();
+    /// K/V rows converted to f32 per block in `attend_group` (16 KiB of scratch at head size 64).
+    const GROUP_BLOCK: usize = 32;
+
+    /// Per-thread scratch of `attend_group`.
+    #[derive(Default)]
+    pub struct GroupScratch {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        acc: Vec<f32>,
+        m: Vec<f32>,
+        sum: Vec<f32>,
+    }
+
+    /// `attend_row_steps` for all query heads of one GQA group at once (`q` and `out` hold
+    /// the group's heads one after another), bit for bit, with q and the accumulator in
+    /// registers: the heads of a group read the same K/V rows, so each block of rows is
+    /// converted from f16 once for all of them. Returns false (and does nothing) where no
+    /// fused kernel exists: head sizes other than 64 and 128, or no AVX2/FMA/F16C.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_group(
+        q: &[f32],
+        hd: usize,
+        k: &[u16],
+        v: &[u16],
+        stride: usize,
+        rows: usize,
+        scale: f32,
+        out: &mut [f32],
+        scratch: &mut GroupScratch,
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if *X86 && out.len() == hd && rows > 0 && k.len() >= (rows - 1) * stride + hd && v.len() >= (rows - 1) * stride + hd {
+        if *X86
+            && (hd == 64 || hd == 128)
+            && rows > 0
+            && q.len().is_multiple_of(hd)
+            && out.len() == q.len()
+            && k.len() >= (rows - 1) * stride + hd
+            && v.len() >= (rows - 1) * stride + hd
+        {
             // SAFETY: avx2/fma/f16c detected; the slice lengths cover every row read.
             unsafe {
-                match hd {
-                    64 => x86::attend_row::<8>(q, k, v, stride, rows, scale, out),
-                    128 => x86::attend_row::<16>(q, k, v, stride, rows, scale, out),
-                    _ => return false,
+                if hd == 64 {
+                    x86::attend_group::<8>(q, k, v, stride, rows, scale, out, scratch)
+                } else {
+                    x86::attend_group::<16>(q, k, v, stride, rows, scale, out, scratch)
                 }
             }
             return true;
         }
-        let _ = (q, k, v, stride, rows, scale, out, hd);
+        let _ = (q, hd, k, v, stride, rows, scale, out, scratch);
         false
     }
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
+        use super::{GroupScratch, GROUP_BLOCK};
         use std::arch::x86_64::*;
 
-        /// `attend_row` for head size 8 * HD8 (a multiple of 64).
+        /// `attend_group` for head size 8 * HD8.
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn attend_row<const HD8: usize>(
+        pub unsafe fn attend_group<const HD8: usize>(
             q: &[f32],
             k: &[u16],
             v: &[u16],
@@ -604,52 +641,120 @@ mod f16 {
             rows: usize,
             scale: f32,
             out: &mut [f32],
+            scratch: &mut GroupScratch,
         ) {
-            let mut qv = [_mm256_setzero_ps(); HD8];
-            for (c, r) in qv.iter_mut().enumerate() {
-                *r = round(_mm256_loadu_ps(q.as_ptr().add(8 * c)));
+            let hd = 8 * HD8;
+            let heads = q.len() / hd;
+            let GroupScratch { q: qr, k: kf, v: vf, acc, m, sum } = scratch;
+            for buf in [&mut *qr, &mut *acc] {
+                buf.clear();
+                buf.resize(q.len(), 0.0);
             }
-            let mut acc = [_mm256_setzero_ps(); HD8];
-            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-            for j in 0..rows {
-                let kp = k.as_ptr().add(j * stride);
-                // dot_f16's order: per 64 elements, lo[i]/hi[i] hold lanes 0..7/8..15 of
-                // the i-th 16-lane accumulator.
+            for buf in [&mut *kf, &mut *vf] {
+                buf.resize(GROUP_BLOCK * hd, 0.0);
+            }
+            m.clear();
+            m.resize(heads, f32::NEG_INFINITY);
+            sum.clear();
+            sum.resize(heads, 0.0);
+            for i in (0..q.len()).step_by(8) {
+                _mm256_storeu_ps(qr.as_mut_ptr().add(i), round(_mm256_loadu_ps(q.as_ptr().add(i))));
+            }
+            for j0 in (0..rows).step_by(GROUP_BLOCK) {
+                let n = GROUP_BLOCK.min(rows - j0);
+                for j in 0..n {
+                    let (kp, vp) = (k.as_ptr().add((j0 + j) * stride), v.as_ptr().add((j0 + j) * stride));
+                    for c in 0..HD8 {
+                        _mm256_storeu_ps(kf.as_mut_ptr().add(j * hd + 8 * c), load_h(kp.add(8 * c)));
+                        _mm256_storeu_ps(vf.as_mut_ptr().add(j * hd + 8 * c), load_h(vp.add(8 * c)));
+                    }
+                }
+                for h in 0..heads {
+                    let (qh, acc_h) = (qr.as_ptr().add(h * hd), acc.as_mut_ptr().add(h * hd));
+                    attend_block::<HD8>(qh, kf.as_ptr(), vf.as_ptr(), n, scale, &mut m[h], &mut sum[h], acc_h);
+                }
+            }
+            for (h, &total) in sum.iter().enumerate() {
+                let inv = _mm256_set1_ps(if total == 0.0 { 0.0 } else { 1.0 / total });
+                for c in 0..HD8 {
+                    let i = h * hd + 8 * c;
+                    _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_loadu_ps(acc.as_ptr().add(i)), inv));
+                }
+            }
+        }
+
+        /// `attend_row_steps`' loop over n <= GROUP_BLOCK rows of f32 K and V (contiguous, 8 *
+        /// HD8 apart) for one head whose rounded q is at `q`, continuing the online softmax in
+        /// m, sum and acc. The same operations in three passes: all scores (independent dots),
+        /// then the scalar softmax steps (the exps only wait on the running max), then the
+        /// accumulator updates (a pure vector chain). Interleaved in one loop per row, the exp
+        /// latency and the rounded accumulator chain serialise each row (measured: the
+        /// one-loop kernel took 1.5x as long per prefill attention call).
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        unsafe fn attend_block<const HD8: usize>(
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            n: usize,
+            scale: f32,
+            m: &mut f32,
+            sum: &mut f32,
+            acc: *mut f32,
+        ) {
+            debug_assert!(n <= GROUP_BLOCK);
+            let qv: [__m256; HD8] = std::array::from_fn(|c| _mm256_loadu_ps(q.add(8 * c)));
+            let mut scores = [0f32; GROUP_BLOCK];
+            for (j, sc) in scores.iter_mut().enumerate().take(n) {
+                let kp = k.add(j * 8 * HD8);
                 let mut lo = [_mm256_setzero_ps(); 4];
                 let mut hi = [_mm256_setzero_ps(); 4];
                 for c in 0..HD8 / 8 {
                     for i in 0..4 {
                         let e = 64 * c + 16 * i;
-                        lo[i] = _mm256_fmadd_ps(load_h(kp.add(e)), qv[e / 8], lo[i]);
-                        hi[i] = _mm256_fmadd_ps(load_h(kp.add(e + 8)), qv[e / 8 + 1], hi[i]);
+                        lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(e)), qv[e / 8], lo[i]);
+                        hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(e + 8)), qv[e / 8 + 1], hi[i]);
                     }
                 }
                 let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
                 let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
-                let sc = hsum(_mm256_add_ps(l, h)) * scale;
-                let (mut ms, mut vs) = (1f32, 1f32);
-                if sc > m {
-                    let old = m;
-                    m = sc;
-                    ms = (old - m).exp();
-                    let msv = _mm256_set1_ps(ms);
-                    for a in acc.iter_mut() {
+                *sc = hsum(_mm256_add_ps(l, h)) * scale;
+            }
+            // Per row: whether it is a new maximum (the accumulator is rescaled by ms first),
+            // and the factors on the old accumulator and on V.
+            let mut rescale = [false; GROUP_BLOCK];
+            let (mut ms, mut vs) = ([1f32; GROUP_BLOCK], [1f32; GROUP_BLOCK]);
+            let (mut mx, mut s) = (*m, *sum);
+            for j in 0..n {
+                let sc = scores[j];
+                if sc > mx {
+                    let old = mx;
+                    mx = sc;
+                    ms[j] = (old - mx).exp();
+                    rescale[j] = true;
+                } else {
+                    vs[j] = (sc - mx).exp();
+                }
+                s = s.mul_add(ms[j], vs[j]);
+            }
+            let mut av: [__m256; HD8] = std::array::from_fn(|c| _mm256_loadu_ps(acc.add(8 * c)));
+            for j in 0..n {
+                if rescale[j] {
+                    let msv = _mm256_set1_ps(ms[j]);
+                    for a in av.iter_mut() {
                         *a = round(_mm256_mul_ps(*a, msv));
                     }
-                } else {
-                    vs = (sc - m).exp();
                 }
-                let vp = v.as_ptr().add(j * stride);
-                let vsv = _mm256_set1_ps(vs);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a = round(_mm256_fmadd_ps(load_h(vp.add(8 * c)), vsv, *a));
+                let vp = v.add(j * 8 * HD8);
+                let vsv = _mm256_set1_ps(vs[j]);
+                for (c, a) in av.iter_mut().enumerate() {
+                    *a = round(_mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), vsv, *a));
                 }
-                sum = sum.mul_add(ms, vs);
             }
-            let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-            for (c, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), _mm256_mul_ps(*a, inv));
+            for (c, a) in av.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(8 * c), *a);
             }
+            (*m, *sum) = (mx, s);
         }
 
         #[inline(always)]
@@ -910,12 +1015,13 @@ mod silu {
 mod attention_tests {
     use super::f16;
 
-    /// The fused attention row kernel must give the per-step path's bits exactly (greedy parity
-    /// with llama.cpp and bench hashes depend on it), for every prefix length, with K/V rows
-    /// interleaved in the cache as in a GQA layer.
+    /// The fused GQA-group kernel must give the per-step path's bits exactly, head by head
+    /// (greedy parity with llama.cpp and bench hashes depend on it), for prefix lengths inside
+    /// one block of rows and across blocks, with K/V rows interleaved in the cache as in a GQA
+    /// layer.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn fused_attention_row_equals_the_step_by_step_path() {
+    fn fused_group_attention_equals_the_step_by_step_path() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut rnd = || {
             seed ^= seed << 13;
@@ -923,28 +1029,35 @@ mod attention_tests {
             seed ^= seed << 17;
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
         };
+        let mut scratch = f16::GroupScratch::default();
         for hd in [64usize, 128] {
-            let (groups, rows_max) = (3usize, 70usize);
-            let stride = groups * hd;
+            let (kv_heads, rows_max) = (3usize, 70usize);
+            let stride = kv_heads * hd;
             let kf: Vec<f32> = (0..rows_max * stride).map(|_| rnd()).collect();
             let vf: Vec<f32> = (0..rows_max * stride).map(|_| rnd()).collect();
             let (mut k, mut v) = (vec![0u16; kf.len()], vec![0u16; vf.len()]);
             f16::f32_to_f16_row(&kf, &mut k);
             f16::f32_to_f16_row(&vf, &mut v);
-            let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
             let scale = 1.0 / (hd as f32).sqrt();
-            for g in 0..groups {
-                for rows in [1usize, 2, 7, 33, rows_max] {
-                    let (mut fused, mut steps) = (vec![0f32; hd], vec![0f32; hd]);
-                    let (mut q16, mut acc) = (vec![0u16; hd], vec![0f32; hd]);
-                    let ran = f16::attend_row(&q, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut fused);
-                    if !ran {
-                        assert!(!is_x86_feature_detected!("avx2"), "an AVX2 CPU must take the fused path");
-                        return;
-                    }
-                    f16::attend_row_steps(&q, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut q16, &mut acc, &mut steps);
-                    for (i, (a, b)) in fused.iter().zip(&steps).enumerate() {
-                        assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} rows {rows} element {i}: {a} vs {b}");
+            for heads_per_group in [1usize, 3, 4] {
+                let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
+                for g in 0..kv_heads {
+                    for rows in [1usize, 2, 7, 32, 33, 64, rows_max] {
+                        let mut fused = vec![0f32; q.len()];
+                        let ran = f16::attend_group(&q, hd, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut fused, &mut scratch);
+                        if !ran {
+                            assert!(!is_x86_feature_detected!("avx2"), "an AVX2 CPU must take the fused path");
+                            return;
+                        }
+                        let (mut q16, mut acc) = (vec![0u16; hd], vec![0f32; hd]);
+                        for h in 0..heads_per_group {
+                            let mut steps = vec![0f32; hd];
+                            let qh = &q[h * hd..(h + 1) * hd];
+                            f16::attend_row_steps(qh, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut q16, &mut acc, &mut steps);
+                            for (i, (a, b)) in fused[h * hd..(h + 1) * hd].iter().zip(&steps).enumerate() {
+                                assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} head {h} rows {rows} element {i}: {a} vs {b}");
+                            }
+                        }
                     }
                 }
             }
