@@ -587,8 +587,8 @@ mod f16 {
 
     /// `attend_row_steps` for all query heads of one GQA group at once (`q` and `out` hold
     /// the group's heads one after another), bit for bit, with q and the accumulator in
-    /// registers: the heads of a group read the same K/V rows, so each block of rows is
-    /// converted from f16 once for all of them. Returns false (and does nothing) where no
+    /// registers within each block of rows: the heads of a group read the same K/V rows, so
+    /// each block of rows is converted from f16 once for all of them. Returns false (and does nothing) where no
     /// fused kernel exists: head sizes other than 64 and 128, or no AVX2/FMA/F16C.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_group(

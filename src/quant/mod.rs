@@ -212,7 +212,8 @@ pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, 
 
 /// out[r] = `vec_dot(weight, row r of w_rows, act_row, n)` for the `out.len()` consecutive
 /// weight rows in `w_rows` (a matrix-vector product over a row range, as decode runs it), bit
-/// for bit; one length check for the whole range.
+/// for bit; one length check for the whole range. Prefetches the rows `PREFETCH_ROWS` ahead,
+/// past the range's end too (the rest of the matrix, read next).
 pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, out: &mut [f32]) {
     let row_bytes = weight.row_bytes(n).unwrap_or(0);
     assert!(w_rows.len() == out.len() * row_bytes, "vec_dot_rows({weight}, n={n}): {} bytes for {} rows", w_rows.len(), out.len());

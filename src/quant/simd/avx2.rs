@@ -121,7 +121,8 @@ unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// decode 4 x 1), every result bit for bit `dot_q4_1`'s — each output keeps its own
 /// accumulator, block order and scale products — with each weight block unpacked once per
 /// tile and each activation block loaded once per tile. R * T independent FMA chains also
-/// hide the FMA latency that bounds a single dot.
+/// hide the FMA latency that bounds a single dot. Each weight row's block is prefetched
+/// `prefetch` bytes ahead (a hint, any value is safe; 0 touches the block being read).
 ///
 /// # Safety
 /// avx2/fma/f16c; every row holds `nb` blocks.
