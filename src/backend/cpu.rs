@@ -588,8 +588,9 @@ mod f16 {
     /// `attend_row_steps` for all query heads of one GQA group at once (`q` and `out` hold
     /// the group's heads one after another), bit for bit, with q and the accumulator in
     /// registers within each block of rows: the heads of a group read the same K/V rows, so
-    /// each block of rows is converted from f16 once for all of them. Returns false (and does nothing) where no
-    /// fused kernel exists: head sizes other than 64 and 128, or no AVX2/FMA/F16C.
+    /// each block of rows is converted from f16 once for all of them. Returns false (and does
+    /// nothing) where no fused kernel exists: head sizes other than 64 and 128, or no
+    /// AVX2/FMA/F16C.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_group(
         q: &[f32],
@@ -707,6 +708,8 @@ mod f16 {
             let mut scores = [0f32; GROUP_BLOCK];
             for (j, sc) in scores.iter_mut().enumerate().take(n) {
                 let kp = k.add(j * 8 * HD8);
+                // dot_f16's order: per 64 elements, lo[i]/hi[i] hold lanes 0..7/8..15 of
+                // the i-th 16-lane accumulator.
                 let mut lo = [_mm256_setzero_ps(); 4];
                 let mut hi = [_mm256_setzero_ps(); 4];
                 for c in 0..HD8 / 8 {
@@ -716,9 +719,7 @@ mod f16 {
                         hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(e + 8)), qv[e / 8 + 1], hi[i]);
                     }
                 }
-                let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
-                let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
-                *sc = hsum(_mm256_add_ps(l, h)) * scale;
+                *sc = reduce_lanes(lo, hi) * scale;
             }
             // Per row: whether it is a new maximum (the accumulator is rescaled by ms first),
             // and the factors on the old accumulator and on V.
@@ -767,6 +768,15 @@ mod f16 {
             _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
         }
 
+        /// The sum of dot_f16's four 16-lane accumulators (lanes 0..7 in lo[i], 8..15 in
+        /// hi[i]) in ggml's order: acc0 + acc2, acc1 + acc3, their sum, then the lanes.
+        #[inline(always)]
+        unsafe fn reduce_lanes(lo: [__m256; 4], hi: [__m256; 4]) -> f32 {
+            let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+            let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+            hsum(_mm256_add_ps(l, h))
+        }
+
         /// Lane l + lane l+4, then +2, then +1 (as _mm512_reduce_add_ps after its first fold).
         #[inline(always)]
         unsafe fn hsum(v: __m256) -> f32 {
@@ -804,9 +814,7 @@ mod f16 {
                     hi[j] = _mm256_fmadd_ps(load_h(xp.add(i + 8)), load_h(yp.add(i + 8)), hi[j]);
                 }
             }
-            let l = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
-            let h = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
-            let mut sum = hsum(_mm256_add_ps(l, h)) as f64;
+            let mut sum = reduce_lanes(lo, hi) as f64;
             for i in np..n {
                 sum += (half::f16::from_bits(x[i]).to_f32() * half::f16::from_bits(y[i]).to_f32()) as f64;
             }

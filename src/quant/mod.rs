@@ -197,9 +197,9 @@ impl Q8_1Scales {
     }
 }
 
-/// The 1 x 4 tile (`vec_dot_tile_at`) for Q4_1 weights against activation rows `first..first + 4` of a
-/// Q8_1 matrix whose scales are `scales` (the prefill GEMM's inner step), bit for bit; call
-/// only where `has_dot_tile(Q4_1)`.
+/// The 1 x 4 tile (`vec_dot_tile_at`) for Q4_1 weights against activation rows `first..first
+/// + 4` of a Q8_1 matrix whose scales are `scales` (the prefill GEMM's inner step), bit for
+/// bit; call only where `has_dot_tile(Q4_1)`.
 pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, first: usize, n: usize) -> [f32; 4] {
     assert!(has_dot_tile(GgmlType::Q4_1), "no Q4_1 tile kernel on this CPU");
     for a in act_rows {
