@@ -689,8 +689,8 @@ mod f16 {
         /// m, sum and acc. The same operations in three passes: all scores (independent dots),
         /// then the scalar softmax steps (the exps only wait on the running max), then the
         /// accumulator updates (a pure vector chain). Interleaved in one loop per row, the exp
-        /// latency and the rounded accumulator chain serialise each row (measured: the
-        /// one-loop kernel took 1.5x as long per prefill attention call).
+        /// latency and the rounded accumulator chain serialise each row (measured on a noisy
+        /// VM: the one-loop kernel took 1.1-1.6x as long per prefill attention call).
         #[allow(clippy::too_many_arguments)]
         #[inline(always)]
         unsafe fn attend_block<const HD8: usize>(
