@@ -10,14 +10,21 @@ SMOLLM2 := models/smollm2-135m-instruct-q4_1.gguf
 SYNTH_MODEL ?= models/synthetic-llama-q8_0.gguf
 GRPC_ADDR ?= 127.0.0.1:50051
 METRICS_ADDR ?= 127.0.0.1:9464
+# The project-local Python of the tests (scripts/test-deps.sh makes it): first on PATH, so every
+# `python3` a test or script runs is the one with numpy, gguf and tokenizers.
+VENV := build/venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help build run model model-synth test test-fast generate chat clean
+.PHONY: help build client run model model-synth deps test generate chat clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
 
-build: ## Build the release binary
-	$(CARGO) build --release --bin civetta --example stream_client
+build: ## Build the release binary (the daemon and CLI only: what `make run` needs)
+	$(CARGO) build --release --bin civetta
+
+client: ## Build the example gRPC client of `make chat` (examples/stream_client.rs)
+	$(CARGO) build --release --example stream_client
 
 $(SYNTH_MODEL): | build
 	@mkdir -p $(dir $(SYNTH_MODEL))
@@ -35,10 +42,13 @@ run: build $(if $(filter $(SYNTH_MODEL),$(MODEL)),model-synth,model) ## Build, i
 generate: build $(if $(filter $(SYNTH_MODEL),$(MODEL)),model-synth,model) ## One-shot generation on the default model
 	$(CIVETTA) generate --model $(MODEL) --prompt "The capital of France is" --max-tokens 32
 
-chat: ## Stream a chat completion from the running daemon over gRPC
+chat: client ## Stream a chat completion from the daemon of `make run` over gRPC
 	target/release/examples/stream_client --addr http://$(GRPC_ADDR) --chat "Write one sentence about owls."
 
-test: ## Run the test suite (what CI runs)
+deps: ## Install what the tests need, idempotently (scripts/test-deps.sh: apt as root, build/venv, vocab vectors, SmolLM2)
+	scripts/test-deps.sh
+
+test: deps ## Set up (make deps) and run the whole test suite: what CI runs
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=2
 
 SOAK_REQUESTS ?= 2000
@@ -51,7 +61,7 @@ soak: ## Soak the real daemon: SOAK_REQUESTS streams (2000), SOAK_CONCURRENCY at
 fuzz: ## Run every cargo-fuzz target for FUZZ_SECONDS (60) each on stable (scripts/fuzz-ci.sh)
 	scripts/fuzz-ci.sh
 
-clean:
+clean: ## Remove build outputs, build/ (venv, vocab vectors, kernels) and models/
 	$(CARGO) clean
 	rm -rf build models
 

@@ -3,7 +3,7 @@
 //!   cargo run --example stream_client -- --addr http://127.0.0.1:50051 --chat "Hello!"
 //!   cargo run --example stream_client -- --prompt "The capital of France is" --max-tokens 32
 
-use civetta::proto::{generate_response::Event, inference_client::InferenceClient, ChatMessage, GenerateRequest, SamplingParams};
+use civetta::proto::{generate_response::Event, ChatMessage, GenerateRequest, SamplingParams};
 use clap::Parser;
 use std::io::Write;
 
@@ -44,7 +44,7 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn stream(a: Args) -> anyhow::Result<()> {
-    let mut client = InferenceClient::connect(a.addr.clone()).await?;
+    let mut client = civetta::client::connect(&a.addr).await?;
     let mut req = GenerateRequest {
         prompt: a.prompt.clone().unwrap_or_default(),
         messages: a.chat.iter().map(|c| ChatMessage { role: "user".into(), content: c.clone() }).collect(),

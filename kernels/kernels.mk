@@ -45,7 +45,7 @@ $(foreach a,$(GFX),$(foreach k,$(SCHED_BARRIER_KERNELS),$(eval $(call kernel_rul
 
 .PHONY: kernels kernels-check-clang kernels-report kernels-gate
 
-kernels-check-clang:
+kernels-check-clang: ## Check that $(CLANG) is there and is clang
 	@test -n "$(CLANG_TAG)" || { echo "kernels: '$(CLANG)' not found or not clang (apt-get install clang-22 lld-22 llvm-22)"; exit 1; }
 
 kernels: kernels-check-clang $(KERNEL_OUTPUTS) ## Compile GPU kernels: CLANG=clang-22 GFX="gfx1151 gfx1100"

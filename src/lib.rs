@@ -12,6 +12,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod envinfo;

@@ -21,10 +21,10 @@ fn python_available() -> bool {
     match probe {
         Ok(out) if out.status.success() => true,
         Ok(out) => panic!(
-            "python3 cannot import gguf/numpy ({}): run `pip install gguf==0.19.0 numpy`, or set CIVETTA_SKIP_PYTHON=1 to skip",
+            "python3 cannot import gguf/numpy ({}): run `make test` (scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH), or set CIVETTA_SKIP_PYTHON=1 to skip",
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").trim()
         ),
-        Err(e) => panic!("python3 not found ({e}): install it with `pip install gguf==0.19.0 numpy`, or set CIVETTA_SKIP_PYTHON=1 to skip"),
+        Err(e) => panic!("python3 not found ({e}): run `make test` (scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH), or set CIVETTA_SKIP_PYTHON=1 to skip"),
     }
 }
 

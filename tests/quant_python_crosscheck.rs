@@ -47,7 +47,7 @@ fn python_ready() -> bool {
         eprintln!("skipping the python cross-check (CIVETTA_SKIP_PYTHON=1): {problem}");
         return false;
     }
-    panic!("{problem}\nInstall them with `python3 -m pip install numpy gguf==0.19.0`, or set CIVETTA_SKIP_PYTHON=1 to skip this test.");
+    panic!("{problem}\nRun `make test` (scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH), or set CIVETTA_SKIP_PYTHON=1 to skip this test.");
 }
 
 /// One row with the awkward cases: normal data with outliers at three magnitudes, zero and

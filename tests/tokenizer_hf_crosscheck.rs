@@ -21,7 +21,7 @@ fn python_or_skip() -> bool {
         return false;
     }
     let ok = Command::new("python3").args(["-c", "import tokenizers"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "the HF cross-check needs python3 with tokenizers (pip install tokenizers), or set CIVETTA_SKIP_PYTHON=1");
+    assert!(ok, "the HF cross-check needs python3 with tokenizers (run `make test`: scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH), or set CIVETTA_SKIP_PYTHON=1");
     true
 }
 

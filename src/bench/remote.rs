@@ -2,11 +2,7 @@
 //! through its gRPC API, at several concurrency levels.
 
 use super::report::*;
-use crate::proto::{
-    generate_response::Event, inference_client::InferenceClient, GenerateRequest, GetEnvironmentRequest, GetModelInfoRequest,
-    SamplingParams,
-};
-use anyhow::Context;
+use crate::proto::{generate_response::Event, GenerateRequest, GetEnvironmentRequest, GetModelInfoRequest, SamplingParams};
 use std::time::Instant;
 
 pub struct RemotePlan {
@@ -19,7 +15,7 @@ pub struct RemotePlan {
 
 pub async fn run(plan: &RemotePlan, progress: &indicatif::ProgressBar) -> anyhow::Result<BenchReport> {
     let started_at = super::local_now();
-    let mut client = InferenceClient::connect(plan.addr.clone()).await.with_context(|| format!("connecting to {}", plan.addr))?;
+    let mut client = crate::client::connect(&plan.addr).await?;
     let env = client.get_environment(GetEnvironmentRequest {}).await?.into_inner();
     let fingerprint: serde_json::Value = serde_json::from_str(&env.json).unwrap_or_else(|_| {
         serde_json::json!({ "fields": env.fields.iter().map(|f| serde_json::json!({"key": f.key, "value": f.value, "source": f.source})).collect::<Vec<_>>() })

@@ -283,10 +283,7 @@ fn model_info(file: &GgufFile, model: &Model, tk: &Tokenizer, ctx_len: usize) ->
         *types.entry(t.ggml_type.name().to_string()).or_default() += 1;
     }
     ModelInfo {
-        name: file
-            .get_str("general.name")
-            .map(str::to_string)
-            .unwrap_or_else(|| file.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()),
+        name: crate::gguf::served_model_name(file),
         architecture: hp.arch.name().into(),
         path: file.path.clone(),
         file_bytes: file.file_bytes(),

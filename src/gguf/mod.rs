@@ -6,9 +6,11 @@ mod types;
 pub use types::GgmlType;
 
 pub mod info;
+mod name;
 pub mod reader;
 pub mod writer;
 
+pub use name::served_model_name;
 pub use reader::{GgufError, GgufFile, MetadataValue, TensorInfo};
 pub use writer::GgufWriter;
 

@@ -25,7 +25,7 @@ pub fn python_or_skip(what: &str) -> bool {
         return false;
     }
     let ok = Command::new("python3").args(["-c", "import numpy, gguf"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "{what} needs python3 with numpy and gguf (pip install numpy gguf==0.19.0), or set CIVETTA_SKIP_PYTHON=1");
+    assert!(ok, "{what} needs python3 with numpy and gguf (run `make test`: scripts/test-deps.sh installs them into build/venv; `make test` puts build/venv/bin first on PATH), or set CIVETTA_SKIP_PYTHON=1");
     true
 }
 
