@@ -2,7 +2,7 @@
 //! gguf-py): files civetta writes must read back identically with gguf.GGUFReader, and files
 //! gguf.GGUFWriter writes must parse identically in civetta.
 //!
-//! Needs `python3` with `pip install gguf==0.19.0 numpy`; without them the tests fail unless
+//! Needs `python3` with gguf 0.19.0 and numpy (scripts/test-deps.sh puts them in build/venv); without them the tests fail unless
 //! CIVETTA_SKIP_PYTHON=1.
 
 use civetta::gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};

@@ -8,7 +8,7 @@
 //! (c) for those types python's quantised bytes equal ours byte for byte (same reference
 //!     algorithms as ggml's quantize_row_*_ref).
 //!
-//! Needs python3 with numpy and gguf (pip install numpy gguf==0.19.0); set
+//! Needs python3 with numpy and gguf 0.19.0 (scripts/test-deps.sh puts them in build/venv); set
 //! CIVETTA_SKIP_PYTHON=1 to skip when they are missing.
 
 use civetta::quant::{self, GgmlType};

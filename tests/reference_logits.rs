@@ -10,7 +10,7 @@
 //!   steps with these models) may go to the reference's runner-up on the lower-bit types;
 //!   Q8_0 must match exactly.
 //!
-//! Needs python3 with numpy and gguf (pip install numpy gguf==0.19.0); set
+//! Needs python3 with numpy and gguf 0.19.0 (scripts/test-deps.sh puts them in build/venv); set
 //! CIVETTA_SKIP_PYTHON=1 to skip.
 
 use std::path::{Path, PathBuf};
