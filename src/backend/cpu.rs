@@ -333,15 +333,16 @@ impl Backend for CpuBackend {
         v: &Buffer,
         k_cache: &mut Buffer,
         v_cache: &mut Buffer,
+        src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
     ) {
         self.timed("kv_store", n_tokens, || {
             let n = n_tokens * kv_dim;
-            let at = start_pos * kv_dim;
-            f16::f32_to_f16_row(&buf(k)[..n], &mut kv_mut(k_cache)[at..at + n]);
-            f16::f32_to_f16_row(&buf(v)[..n], &mut kv_mut(v_cache)[at..at + n]);
+            let (src, at) = (src_row * kv_dim, start_pos * kv_dim);
+            f16::f32_to_f16_row(&buf(k)[src..src + n], &mut kv_mut(k_cache)[at..at + n]);
+            f16::f32_to_f16_row(&buf(v)[src..src + n], &mut kv_mut(v_cache)[at..at + n]);
         })
     }
 
@@ -368,7 +369,9 @@ impl Backend for CpuBackend {
         let q_group = group * hd;
         self.timed("attention", s.n_tokens, || {
             self.pool.install(|| {
-                o[..s.n_tokens * q_dim].par_chunks_mut(q_group).enumerate().for_each_init(
+                let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
+                let (q, o) = (&q[rows.clone()], &mut o[rows]);
+                o.par_chunks_mut(q_group).enumerate().for_each_init(
                     || (vec![0u16; hd], vec![0f32; hd], f16::GroupScratch::default()),
                     |(q16, acc, scratch), (idx, out_g)| {
                         let t = idx / s.n_head_kv;
@@ -407,6 +410,13 @@ impl Backend for CpuBackend {
 
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
         buf_mut(dst)[..dim].copy_from_slice(&buf(src)[src_row * dim..(src_row + 1) * dim]);
+    }
+
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+        let (s, d) = (buf(src), buf_mut(dst));
+        for (i, &r) in rows.iter().enumerate() {
+            d[i * dim..(i + 1) * dim].copy_from_slice(&s[r * dim..(r + 1) * dim]);
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub struct AttentionShape {
     pub n_tokens: usize,
     /// Position of the first new token; the cache holds positions 0..start_pos+n_tokens.
     pub start_pos: usize,
+    /// Row of `q` and of the output holding the first new token: a batch stacks the rows of
+    /// several sequences, and each sequence attends over its own cache with its own rows.
+    pub first_row: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -93,7 +96,8 @@ pub trait Backend: Send + Sync {
     fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
     fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
-    /// Copies `n_tokens` rows of k and v (each `kv_dim` wide) into the caches at row `start_pos`.
+    /// Copies `n_tokens` rows of k and v (each `kv_dim` wide), starting at row `src_row` (a
+    /// sequence's rows in a batch), into the caches at row `start_pos`.
     #[allow(clippy::too_many_arguments)]
     fn kv_store(
         &self,
@@ -101,6 +105,7 @@ pub trait Backend: Send + Sync {
         v: &Buffer,
         k_cache: &mut Buffer,
         v_cache: &mut Buffer,
+        src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
@@ -113,6 +118,9 @@ pub trait Backend: Send + Sync {
     fn add(&self, x: &mut Buffer, y: &Buffer, n: usize);
     /// Copies row `src_row` of `src` (width `dim`) to row 0 of dst.
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer);
+    /// Copies rows `rows[i]` of `src` (width `dim`) to row i of dst (the rows whose logits a
+    /// batch returns).
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer);
     /// Waits for queued work (no-op on CPU).
     fn synchronize(&self) {}
     /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so

@@ -45,6 +45,8 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         max_queue: 4,
         context_length: need_ctx,
         prefill_batch: plan.prefill_batch,
+        // One sequence at a time: a step is one prefill chunk of prefill_batch tokens.
+        max_batch_tokens: plan.prefill_batch,
         kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
     };
     let engine = Engine::load(cfg)?;

@@ -1,12 +1,270 @@
-//! The engine: owns the model and runs sequences (queue, bounded active set, KV caches, sampling).
+//! The engine: owns the model and runs sequences (queue, bounded active set, KV caches,
+//! continuous batching, sampling).
 //!
 //! Public API used by the gRPC server, `civetta generate` and `civetta bench`:
 //! [`Engine::load`], [`Engine::submit`] -> [`GenerationStream`] of [`GenerationEvent`]s.
-//! Dropping a stream cancels its sequence within one decode step.
+//! Dropping a stream cancels its sequence within one step (or at once while it is queued).
+//!
+//! Files: `types` (request/response types), `validate` (what is refused before the model),
+//! `scheduler` (the engine thread: admission, batch building), `sequence` (one sequence:
+//! token emission, stop sequences), `sampler`.
 
-mod api;
 pub mod sampler;
 mod scheduler;
+mod sequence;
+mod types;
+mod validate;
 
-pub use api::*;
-pub use scheduler::Engine;
+pub use types::*;
+
+use crate::backend;
+use crate::gguf::GgufFile;
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+use anyhow::Context;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Handle to the engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    info: ModelInfo,
+    tokenizer: Tokenizer,
+    model: Arc<Model>,
+    cfg: EngineConfig,
+    /// Effective context length (the model's, capped by the config).
+    ctx_len: usize,
+    /// Requests admitted but not yet active, oldest first. Shared with `submit` so that a
+    /// request whose client went away frees its admission slot at once.
+    queue: Mutex<VecDeque<Job>>,
+    /// Wakes the idle engine thread (a new request, shutdown).
+    wake: Condvar,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    /// Requests in the engine (waiting or active): what admission control counts.
+    admitted: AtomicUsize,
+    queued: AtomicUsize,
+    active: AtomicUsize,
+    kv_bytes: AtomicUsize,
+    completed: AtomicU64,
+    rejected: AtomicU64,
+    cancelled: AtomicU64,
+    shutting_down: AtomicBool,
+    /// Rows and sequences per step (the batch histograms of `EngineStats`).
+    batches: Mutex<(StepHistogram, StepHistogram)>,
+}
+
+impl Counters {
+    fn observe_batch(&self, rows: usize, sequences: usize) {
+        let mut b = self.batches.lock();
+        b.0.observe(rows);
+        b.1.observe(sequences);
+    }
+}
+
+struct Job {
+    prompt: Vec<u32>,
+    req: GenerationRequest,
+    tx: mpsc::UnboundedSender<GenerationEvent>,
+    submitted: Instant,
+}
+
+/// Events of one generation. Dropping the stream cancels the sequence within one step.
+pub struct GenerationStream {
+    rx: mpsc::UnboundedReceiver<GenerationEvent>,
+    /// Prompt length after tokenization / templating.
+    pub prompt_tokens: usize,
+}
+
+impl GenerationStream {
+    pub async fn next(&mut self) -> Option<GenerationEvent> {
+        self.rx.recv().await
+    }
+
+    /// For synchronous callers (CLI); must not be called from inside a tokio runtime.
+    pub fn blocking_next(&mut self) -> Option<GenerationEvent> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl Engine {
+    pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
+        let file = Arc::new(GgufFile::open(&cfg.model_path)?);
+        let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
+        let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
+        crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
+        let model = Arc::new(Model::load(file.clone(), be)?);
+        let hp = &model.hp;
+        let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
+        check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;
+        let info = model_info(&file, &model, &tokenizer, ctx_len);
+        let inner = Arc::new(Inner {
+            info,
+            tokenizer,
+            model,
+            cfg,
+            ctx_len,
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            worker: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let worker_inner = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("civetta-engine".into())
+            .spawn(move || scheduler::run_worker(&worker_inner))
+            .context("spawning the engine thread")?;
+        *inner.worker.lock() = Some(handle);
+        Ok(Engine { inner })
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.inner.model
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.inner.ctx_len
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    pub fn submit(&self, req: GenerationRequest) -> Result<GenerationStream, SubmitError> {
+        let c = &self.inner.counters;
+        if c.shutting_down.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let prompt = self.validate(&req).inspect_err(|_| {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+        })?;
+        // Room for max_active_sequences running plus max_queue waiting; with max_queue = 0 a
+        // request is admitted only while an active slot is free.
+        let capacity = self.inner.cfg.max_active_sequences.max(1) + self.inner.cfg.max_queue;
+        let admit = || c.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < capacity).then_some(n + 1)).is_ok();
+        // When full, queued requests whose clients went away give their slots back first.
+        let admitted = admit() || {
+            scheduler::purge_cancelled(&self.inner, &mut self.inner.queue.lock());
+            admit()
+        };
+        if !admitted {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            let queued = c.queued.load(Ordering::SeqCst);
+            // A rough hint: one slot frees per finished request.
+            return Err(SubmitError::QueueFull { queued, retry_after_ms: 500 + 50 * queued as u64 });
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let prompt_tokens = prompt.len();
+        let job = Job { prompt, req, tx, submitted: Instant::now() };
+        {
+            // Checked under the queue lock that `shutdown` takes to set the flag: a job queued
+            // here is seen by the engine thread's final drain.
+            let mut queue = self.inner.queue.lock();
+            if c.shutting_down.load(Ordering::SeqCst) {
+                c.admitted.fetch_sub(1, Ordering::SeqCst);
+                return Err(SubmitError::ShuttingDown);
+            }
+            c.queued.fetch_add(1, Ordering::SeqCst);
+            queue.push_back(job);
+        }
+        self.inner.wake.notify_one();
+        Ok(GenerationStream { rx, prompt_tokens })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.inner.counters;
+        let (batch_rows, batch_sequences) = c.batches.lock().clone();
+        EngineStats {
+            queued: c.queued.load(Ordering::Relaxed),
+            active: c.active.load(Ordering::Relaxed),
+            completed: c.completed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
+            kv_bytes: c.kv_bytes.load(Ordering::Relaxed),
+            batch_rows,
+            batch_sequences,
+        }
+    }
+
+    /// Stops accepting requests; queued and active sequences end with an error event.
+    /// Waits for the engine thread to finish its current step.
+    pub fn shutdown(&self) {
+        {
+            let _queue = self.inner.queue.lock();
+            self.inner.counters.shutting_down.store(true, Ordering::SeqCst);
+        }
+        self.inner.wake.notify_all();
+        if let Some(h) = self.inner.worker.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn check_kv_memory(model: &Model, ctx_len: usize, max_active: usize) -> anyhow::Result<()> {
+    let need = model.cache_bytes(ctx_len) as u128 * max_active.max(1) as u128;
+    if let Some(avail) = mem_available_bytes() {
+        if need > avail as u128 {
+            anyhow::bail!(
+                "not enough memory for the KV cache: {} active sequences x {} tokens need {:.1} GiB, {:.1} GiB available (lower engine.context_length or engine.max_active_sequences)",
+                max_active,
+                ctx_len,
+                need as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+fn mem_available_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn model_info(file: &GgufFile, model: &Model, tk: &Tokenizer, ctx_len: usize) -> ModelInfo {
+    let hp = &model.hp;
+    let mut types = std::collections::BTreeMap::<String, usize>::new();
+    for t in &file.tensors {
+        *types.entry(t.ggml_type.name().to_string()).or_default() += 1;
+    }
+    ModelInfo {
+        name: crate::gguf::served_model_name(file),
+        architecture: hp.arch.name().into(),
+        path: file.path.clone(),
+        file_bytes: file.file_bytes(),
+        file_sha256: file.sha256_hex(),
+        context_length: ctx_len,
+        embedding_length: hp.n_embd,
+        block_count: hp.n_layer,
+        head_count: hp.n_head,
+        head_count_kv: hp.n_head_kv,
+        vocab_size: hp.n_vocab,
+        parameter_count: file.tensors.iter().map(|t| t.n_elements()).sum(),
+        tensor_types: types.into_iter().collect(),
+        tokenizer_model: file.get_str("tokenizer.ggml.model").unwrap_or("unknown").into(),
+        has_chat_template: tk.chat_template().is_some(),
+        backend: model.backend().name().into(),
+    }
+}

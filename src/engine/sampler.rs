@@ -3,7 +3,7 @@
 //! Greedy (temperature 0) is deterministic with ties broken towards the lower token id,
 //! so two builds that compute the same logits produce the same tokens.
 
-use super::api::SamplingParams;
+use super::types::SamplingParams;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -58,6 +58,14 @@ pub struct KvCache {
     pub bytes: usize,
 }
 
+/// One sequence's part of a batched forward pass: its cache, the tokens it appends at
+/// positions cache.len.., and which of their logits it wants.
+pub struct SeqRows<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
 /// Which logits a forward call returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -142,25 +150,54 @@ impl Model {
 
     /// Runs `tokens` at positions cache.len.. and appends them to the cache.
     /// Returns logits (vocab floats per returned row) as asked by `which`.
+    /// A batch of one: the same arithmetic as any row of [`Model::forward_batch`].
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
+        let mut batch = [SeqRows { cache, tokens, logits: which }];
+        Ok(self.forward_batch(&mut batch)?.pop().expect("one sequence in, one logits vector out"))
+    }
+
+    /// One forward pass over the rows of several sequences: each sequence's `tokens` run at
+    /// positions cache.len.. of its own cache. The row-wise ops (embedding, norms, matmuls,
+    /// SwiGLU, residuals) run once over all rows, so each weight is read once per step; RoPE
+    /// takes each row's own position; the KV store and attention run per sequence over its
+    /// own cache and rows. Every op computes a row independently of the others, so a
+    /// sequence's logits do not depend on what else is in the batch (on the CPU backend,
+    /// bit for bit: tests/batching.rs).
+    ///
+    /// Returns one logits vector per sequence, as asked by its `logits`. Capacity is checked
+    /// for every sequence before anything runs; an error after that (a GPU fault) leaves the
+    /// caches' lengths unchanged, their contents past `len` undefined.
+    pub fn forward_batch(&self, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut result = None;
-        self.backend.run(&mut || result = Some(self.forward_pass(cache, tokens, which)));
+        self.backend.run(&mut || result = Some(self.forward_pass(seqs)));
         result.expect("the backend ran the forward pass")
     }
 
-    fn forward_pass(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
-        let n = tokens.len();
-        if n == 0 {
-            bail!("forward called with no tokens");
+    fn forward_pass(&self, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        if seqs.is_empty() {
+            bail!("forward called with no sequences");
         }
-        if cache.len + n > cache.capacity {
-            bail!("context full: {} + {} tokens exceed the cache of {}", cache.len, n, cache.capacity);
+        for s in seqs.iter() {
+            if s.tokens.is_empty() {
+                bail!("forward called with no tokens");
+            }
+            if s.cache.len + s.tokens.len() > s.cache.capacity {
+                bail!("context full: {} + {} tokens exceed the cache of {}", s.cache.len, s.tokens.len(), s.cache.capacity);
+            }
         }
         let hp = &self.hp;
         let be = &*self.backend;
         let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
-        let start = cache.len;
-        let positions: Vec<u32> = (start..start + n).map(|p| p as u32).collect();
+        // The batch's rows: each sequence's tokens in order, the sequences one after another.
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let mut tokens = Vec::with_capacity(n);
+        let mut positions: Vec<u32> = Vec::with_capacity(n);
+        let mut first_rows = Vec::with_capacity(seqs.len());
+        for s in seqs.iter() {
+            first_rows.push(tokens.len());
+            tokens.extend_from_slice(s.tokens);
+            positions.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u32));
+        }
 
         let mut x = be.alloc(n * d)?;
         let mut h = be.alloc(n * d)?;
@@ -171,7 +208,7 @@ impl Model {
         let mut gate = be.alloc(n * ff)?;
         let mut up = be.alloc(n * ff)?;
 
-        be.embed(&self.token_embd, tokens, &mut x)?;
+        be.embed(&self.token_embd, &tokens, &mut x)?;
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
@@ -193,9 +230,20 @@ impl Model {
             let style = hp.arch.rope_style();
             be.rope(&mut q, &positions, hp.n_head, hp.head_dim, hp.rope_base, style);
             be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, hp.rope_base, style);
-            be.kv_store(&k, &v, &mut cache.k[li], &mut cache.v[li], start, n, kvd);
-            let shape = AttentionShape { n_tokens: n, start_pos: start, n_head: hp.n_head, n_head_kv: hp.n_head_kv, head_dim: hp.head_dim };
-            be.attention(&q, &cache.k[li], &cache.v[li], shape, &mut att);
+            // Ragged part: each sequence stores its rows and attends over its own cache.
+            for (s, &row) in seqs.iter_mut().zip(&first_rows) {
+                let (start, len) = (s.cache.len, s.tokens.len());
+                be.kv_store(&k, &v, &mut s.cache.k[li], &mut s.cache.v[li], row, start, len, kvd);
+                let shape = AttentionShape {
+                    n_tokens: len,
+                    start_pos: start,
+                    first_row: row,
+                    n_head: hp.n_head,
+                    n_head_kv: hp.n_head_kv,
+                    head_dim: hp.head_dim,
+                };
+                be.attention(&q, &s.cache.k[li], &s.cache.v[li], shape, &mut att);
+            }
             be.matmul(&a.wo, &att, n, &mut h);
             be.add(&mut x, &h, n * d);
 
@@ -210,34 +258,50 @@ impl Model {
             }
             be.add(&mut x, &h, n * d);
         }
-        cache.len += n;
 
-        let rows = match which {
-            Logits::None => {
-                be.synchronize();
-                return match be.take_error() {
-                    Some(e) => Err(e),
-                    None => Ok(Vec::new()),
-                };
-            }
-            Logits::Last => {
-                let mut last = be.alloc(d)?;
-                be.copy_row(&x, n - 1, d, &mut last);
-                x = last;
-                1
-            }
-            Logits::All => n,
-        };
-        be.rmsnorm(&x, &self.output_norm, rows, d, hp.rms_eps, &mut h);
-        let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
-        let mut logits = be.alloc(rows * hp.n_vocab)?;
-        be.matmul(out_w, &h, rows, &mut logits);
+        // Rows whose logits are returned, and how many each sequence gets.
+        let mut out_rows = Vec::new();
+        let mut counts = Vec::with_capacity(seqs.len());
+        for (s, &row) in seqs.iter().zip(&first_rows) {
+            let len = s.tokens.len();
+            let picked = match s.logits {
+                Logits::None => 0..0,
+                Logits::Last => len - 1..len,
+                Logits::All => 0..len,
+            };
+            counts.push(picked.len());
+            out_rows.extend(picked.map(|i| row + i));
+        }
+        let rows = out_rows.len();
         let mut host = vec![0f32; rows * hp.n_vocab];
-        be.read(&logits, 0, &mut host);
+        if rows == 0 {
+            be.synchronize();
+        } else {
+            if rows < n {
+                let mut picked = be.alloc(rows * d)?;
+                be.gather_rows(&x, &out_rows, d, &mut picked);
+                x = picked;
+            }
+            be.rmsnorm(&x, &self.output_norm, rows, d, hp.rms_eps, &mut h);
+            let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
+            let mut logits = be.alloc(rows * hp.n_vocab)?;
+            be.matmul(out_w, &h, rows, &mut logits);
+            be.read(&logits, 0, &mut host);
+        }
         if let Some(e) = be.take_error() {
             return Err(e.context("GPU forward pass"));
         }
-        Ok(host)
+        for s in seqs.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        let mut per_seq = Vec::with_capacity(seqs.len());
+        let mut rest = host.as_slice();
+        for c in counts {
+            let (mine, tail) = rest.split_at(c * hp.n_vocab);
+            per_seq.push(mine.to_vec());
+            rest = tail;
+        }
+        Ok(per_seq)
     }
 }
 

@@ -692,19 +692,21 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         v: &Buffer,
         k_cache: &mut Buffer,
         v_cache: &mut Buffer,
+        src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
     ) {
         let n = n_tokens * kv_dim;
         let off = (start_pos * kv_dim * 2) as u64;
+        let src_off = (src_row * kv_dim * 4) as u64;
         for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
             debug_assert_eq!(gbuf(dst).elem, Elem::F16);
             self.launch(
                 "f32_to_f16",
                 n_tokens,
                 [n.div_ceil(256), 1, 1],
-                Args::default().ptr(gbuf(src).mem.ptr).ptr(gbuf(dst).mem.ptr + off).i32(n),
+                Args::default().ptr(gbuf(src).mem.ptr + src_off).ptr(gbuf(dst).mem.ptr + off).i32(n),
             );
         }
     }
@@ -712,7 +714,9 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let keys = s.start_pos + s.n_tokens;
-        let (q, kc, vc, o) = (gbuf(q).mem.ptr, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr);
+        // This sequence's rows of q and out (f32, n_head * head_dim wide).
+        let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
+        let (q, kc, vc, o) = (gbuf(q).mem.ptr + row_off, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr + row_off);
         let (decode, prefill) = match s.head_dim {
             64 => ("attn_decode_d64", "attn_prefill_d64"),
             128 => ("attn_decode_d128", "attn_prefill_d128"),
@@ -757,6 +761,15 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
         if let Err(e) = self.api.copy(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4) {
             self.fail(e);
+        }
+    }
+
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
+        for (i, &r) in rows.iter().enumerate() {
+            if let Err(e) = self.api.copy(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4) {
+                return self.fail(e);
+            }
         }
     }
 

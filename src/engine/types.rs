@@ -37,8 +37,13 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Cap on the context length (0 = the model's own).
     pub context_length: usize,
-    /// Tokens per prefill batch.
+    /// The largest prompt chunk one sequence prefills in one step.
     pub prefill_batch: usize,
+    /// Token budget of one engine step (continuous batching): one decode row per decoding
+    /// sequence, then prefill chunks up to this many rows in all. Smaller keeps decoding
+    /// streams smooth while long prompts prefill; larger prefills faster.
+    #[serde(default = "default_max_batch_tokens")]
+    pub max_batch_tokens: usize,
     pub kernel_timing: KernelTimingConfig,
 }
 
@@ -53,9 +58,14 @@ impl Default for EngineConfig {
             max_queue: 64,
             context_length: 4096,
             prefill_batch: 64,
+            max_batch_tokens: default_max_batch_tokens(),
             kernel_timing: KernelTimingConfig::default(),
         }
     }
+}
+
+fn default_max_batch_tokens() -> usize {
+    512
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -162,6 +172,37 @@ pub struct EngineStats {
     pub cancelled: u64,
     /// Bytes of KV cache currently allocated to active sequences.
     pub kv_bytes: usize,
+    /// Rows (tokens) per engine step, every step since load.
+    pub batch_rows: StepHistogram,
+    /// Sequences per engine step.
+    pub batch_sequences: StepHistogram,
+}
+
+/// Upper bounds of the [`StepHistogram`] buckets (powers of two; a last +Inf bucket follows).
+pub const STEP_BUCKETS: [f64; 12] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+
+/// A histogram of one value per engine step, as counts per bucket of [`STEP_BUCKETS`]
+/// (not cumulative; the last count is the +Inf bucket).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepHistogram {
+    pub counts: Vec<u64>,
+    pub sum: u64,
+    pub count: u64,
+}
+
+impl Default for StepHistogram {
+    fn default() -> Self {
+        StepHistogram { counts: vec![0; STEP_BUCKETS.len() + 1], sum: 0, count: 0 }
+    }
+}
+
+impl StepHistogram {
+    pub fn observe(&mut self, v: usize) {
+        let i = STEP_BUCKETS.iter().position(|&b| v as f64 <= b).unwrap_or(STEP_BUCKETS.len());
+        self.counts[i] += 1;
+        self.sum += v as u64;
+        self.count += 1;
+    }
 }
 
 /// Static description of the loaded model.

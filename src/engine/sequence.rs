@@ -1,0 +1,185 @@
+//! One active sequence: its KV cache, prompt progress, sampler, and the token emission that
+//! follows each forward pass (UTF-8 stream decoding, stop sequences with held-back prefixes,
+//! the finish summary).
+
+use super::sampler::Sampler;
+use super::types::*;
+use super::{Counters, Inner, Job};
+use crate::model::KvCache;
+use crate::tokenizer::StreamDecoder;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// One active sequence.
+pub(super) struct Seq {
+    pub(super) job: Job,
+    pub(super) cache: KvCache,
+    /// Prompt tokens already prefilled (the prompt is done when this reaches its length).
+    pub(super) prefill_pos: usize,
+    pub(super) history: Vec<u32>,
+    generated: Vec<u32>,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    /// Decoded text not yet sent (held back while it may start a stop sequence).
+    pending: String,
+    activated: Instant,
+    pub(super) prefill_time: Duration,
+    pub(super) decode_time: Duration,
+    first_token_at: Option<Instant>,
+    /// Whether this sequence still counts against admission (`Counters::admitted`).
+    admitted: bool,
+}
+
+pub(super) enum StepOutcome {
+    Continue,
+    Finished,
+}
+
+impl Seq {
+    /// Allocates the KV cache for the whole request (prompt + max_tokens, capped by the
+    /// context). The job comes back on failure so its stream can receive the error.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn activate(inner: &Inner, job: Job) -> Result<Seq, (Job, anyhow::Error)> {
+        let capacity = (job.prompt.len() + job.req.max_tokens).min(inner.ctx_len);
+        let cache = match inner.model.new_cache(capacity) {
+            Ok(c) => c,
+            Err(e) => return Err((job, e)),
+        };
+        let sampler = Sampler::new(job.req.sampling.clone());
+        Ok(Seq {
+            history: job.prompt.clone(),
+            job,
+            cache,
+            prefill_pos: 0,
+            generated: Vec::new(),
+            sampler,
+            decoder: StreamDecoder::new(),
+            pending: String::new(),
+            activated: Instant::now(),
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            first_token_at: None,
+            admitted: true,
+        })
+    }
+
+    /// Prompt tokens still to prefill.
+    pub(super) fn prefill_left(&self) -> usize {
+        self.job.prompt.len() - self.prefill_pos
+    }
+
+    /// Samples the next token from `logits` (of the last forward row) and emits it.
+    pub(super) fn sample_and_emit(&mut self, inner: &Inner, logits: &mut [f32]) -> StepOutcome {
+        let sampled = self.sampler.sample(logits, &self.history);
+        self.emit_token(inner, sampled.token, sampled.logprob)
+    }
+
+    /// Sends a sampled token (or finishes on EOS / stop / length / context).
+    fn emit_token(&mut self, inner: &Inner, token: u32, logprob: f32) -> StepOutcome {
+        let tk = &inner.tokenizer;
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
+        }
+        if !self.job.req.ignore_eos && tk.is_eog(token) {
+            return self.finish(inner, FinishReason::Eos);
+        }
+        self.history.push(token);
+        self.generated.push(token);
+        let piece = self.decoder.push(tk.token_bytes(token));
+        self.pending.push_str(&piece);
+
+        // A complete stop sequence ends the generation; its text is not sent.
+        if let Some(cut) = self.job.req.stop.iter().filter_map(|st| self.pending.find(st.as_str())).min() {
+            let text = self.pending[..cut].to_string();
+            self.pending.clear();
+            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob });
+            return self.finish(inner, FinishReason::Stop);
+        }
+        let length_done = self.generated.len() >= self.job.req.max_tokens;
+        let context_done = self.cache.len + 1 > self.cache.capacity;
+        if length_done || context_done {
+            self.pending.push_str(&self.decoder.finish());
+            let text = std::mem::take(&mut self.pending);
+            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob });
+            let reason = if length_done { FinishReason::Length } else { FinishReason::Context };
+            return self.finish(inner, reason);
+        }
+        let hold = stop_prefix_holdback(&self.pending, &self.job.req.stop);
+        let text: String = self.pending[..self.pending.len() - hold].to_string();
+        self.pending.drain(..self.pending.len() - hold);
+        if self.job.tx.send(GenerationEvent::Token { id: token, text, logprob }).is_err() {
+            inner.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return StepOutcome::Finished;
+        }
+        StepOutcome::Continue
+    }
+
+    fn finish(&mut self, inner: &Inner, reason: FinishReason) -> StepOutcome {
+        self.pending.push_str(&self.decoder.finish());
+        let now = Instant::now();
+        let timings = Timings {
+            queue: self.activated.duration_since(self.job.submitted),
+            prefill: self.prefill_time,
+            decode: self.decode_time,
+            time_to_first_token: self.first_token_at.unwrap_or(now).duration_since(self.job.submitted),
+            total: now.duration_since(self.job.submitted),
+        };
+        let summary = GenerationSummary {
+            prompt_tokens: self.job.prompt.len(),
+            completion_tokens: self.generated.len(),
+            finish_reason: reason,
+            token_ids: self.generated.clone(),
+            timings,
+            text_tail: std::mem::take(&mut self.pending),
+        };
+        // A client that sends its next request as soon as it sees Done must find the slot free.
+        self.release_admission(&inner.counters);
+        let _ = self.job.tx.send(GenerationEvent::Done(summary));
+        inner.counters.completed.fetch_add(1, Ordering::Relaxed);
+        StepOutcome::Finished
+    }
+
+    /// Gives back everything the sequence holds in the counters (active slot, admission, KV).
+    pub(super) fn release(&mut self, c: &Counters) {
+        c.active.fetch_sub(1, Ordering::SeqCst);
+        self.release_admission(c);
+        c.kv_bytes.fetch_sub(self.cache.bytes, Ordering::SeqCst);
+    }
+
+    /// Gives the sequence's admission slot back (once).
+    fn release_admission(&mut self, c: &Counters) {
+        if std::mem::take(&mut self.admitted) {
+            c.admitted.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of some stop sequence.
+fn stop_prefix_holdback(text: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for st in stops {
+        for (i, _) in text.char_indices() {
+            let suffix = &text[i..];
+            if suffix.len() < st.len() && st.starts_with(suffix) {
+                best = best.max(suffix.len());
+                break;
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stop_prefix_holdback;
+
+    #[test]
+    fn holdback_keeps_possible_stop_prefixes() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(stop_prefix_holdback("hello E", &stops), 1);
+        assert_eq!(stop_prefix_holdback("hello EN", &stops), 2);
+        assert_eq!(stop_prefix_holdback("hello\n", &stops), 1);
+        assert_eq!(stop_prefix_holdback("hello", &stops), 0);
+        assert_eq!(stop_prefix_holdback("héllo é", &["éx".to_string()]), "é".len());
+    }
+}
