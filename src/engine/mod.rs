@@ -5,6 +5,7 @@
 //! Dropping a stream cancels its sequence within one decode step.
 
 mod api;
+mod prompt_limit;
 pub mod sampler;
 mod scheduler;
 

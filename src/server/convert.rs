@@ -62,12 +62,17 @@ pub fn submit_status(e: SubmitError) -> Status {
     match e {
         SubmitError::Invalid(m) => Status::invalid_argument(m),
         SubmitError::QueueFull { queued, retry_after_ms } => {
-            let mut s = Status::resource_exhausted(format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"));
-            s.metadata_mut().insert(RETRY_AFTER_MS, retry_after_ms.into());
-            s
+            busy_status(&format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"), retry_after_ms)
         }
         SubmitError::ShuttingDown => Status::unavailable("server is shutting down"),
     }
+}
+
+/// RESOURCE_EXHAUSTED with the retry hint in the `retry-after-ms` trailer.
+pub fn busy_status(message: &str, retry_after_ms: u64) -> Status {
+    let mut s = Status::resource_exhausted(message);
+    s.metadata_mut().insert(RETRY_AFTER_MS, retry_after_ms.into());
+    s
 }
 
 /// The `reason` label of `civetta_requests_rejected_total`.

@@ -2,6 +2,7 @@
 
 use super::convert;
 use super::metrics::Metrics;
+use super::tokenize_pool::{PoolError, TokenizePool};
 use crate::engine::{Engine, GenerationEvent};
 use crate::proto::{self, generate_response::Event, inference_server::Inference};
 use std::pin::Pin;
@@ -23,6 +24,8 @@ pub struct InferenceService {
     pub fingerprint: Arc<crate::envinfo::Fingerprint>,
     /// Set when the shutdown grace period is over and the engine cancels what is left.
     pub draining: Arc<AtomicBool>,
+    /// Where prompts are tokenized and templated (never on the async workers).
+    pub tokenize_pool: TokenizePool,
 }
 
 type GenStream = Pin<Box<dyn Stream<Item = Result<proto::GenerateResponse, Status>> + Send>>;
@@ -55,7 +58,16 @@ impl Inference for InferenceService {
             .and_then(convert::parse_grpc_timeout)
             .map(|d| tokio::time::Instant::from_std(started + d));
         let req = convert::generation_request(request.into_inner(), &self.model_name).map_err(|s| self.reject("invalid", s, started))?;
-        let mut stream = self.engine.submit(req).map_err(|e| {
+        // submit() tokenizes and renders the chat template: CPU work proportional to the prompt.
+        let engine = self.engine.clone();
+        let submitted = self.tokenize_pool.run(move || engine.submit(req)).await.map_err(|e| {
+            let reason = match e {
+                PoolError::Busy { .. } => "tokenizer_busy",
+                PoolError::Failed(_) => "internal",
+            };
+            self.reject(reason, e.status(), started)
+        })?;
+        let mut stream = submitted.map_err(|e| {
             let reason = convert::reject_reason(&e);
             self.reject(reason, convert::submit_status(e), started)
         })?;
@@ -135,14 +147,15 @@ impl Inference for InferenceService {
             Ok(()) => {
                 // Tokenizing a large text is CPU work: keep it off the async workers.
                 let engine = self.engine.clone();
-                tokio::task::spawn_blocking(move || {
-                    let tk = engine.tokenizer();
-                    let ids = tk.encode(&r.text, r.add_bos, r.parse_special);
-                    let pieces = ids.iter().map(|&i| tk.piece(i).to_string()).collect();
-                    proto::TokenizeResponse { token_ids: ids, pieces }
-                })
-                .await
-                .map_err(|e| Status::internal(format!("tokenizer failed: {e}")))
+                self.tokenize_pool
+                    .run(move || {
+                        let tk = engine.tokenizer();
+                        let ids = tk.encode(&r.text, r.add_bos, r.parse_special);
+                        let pieces = ids.iter().map(|&i| tk.piece(i).to_string()).collect();
+                        proto::TokenizeResponse { token_ids: ids, pieces }
+                    })
+                    .await
+                    .map_err(PoolError::status)
             }
         };
         self.finish("Tokenize", started, result)

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod convert;
 pub mod grpc;
 pub mod metrics;
+pub mod tokenize_pool;
 
 use crate::config;
 use crate::engine::Engine;
@@ -94,7 +95,9 @@ pub fn init_logging(format: &str, filter: &str) {
         .ok()
         .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(filter));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only on a terminal: in files, journald and log collectors they are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if format == "json" { b.json().try_init() } else { b.try_init() };
 }
 
@@ -154,6 +157,7 @@ pub async fn run(
         model_name: model_name.clone(),
         fingerprint,
         draining: draining.clone(),
+        tokenize_pool: tokenize_pool::TokenizePool::new(tokenize_pool::TokenizePool::default_jobs(), tokenize_pool::DEFAULT_WAIT),
     };
     let (mut health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
