@@ -161,3 +161,70 @@ fn logs_off_a_terminal_have_no_colour_codes() {
     assert!(log.contains("serving"), "{log}");
     assert!(!log.contains('\u{1b}'), "escape codes in {log:?}");
 }
+
+/// GenerateRequest with `prompt` as raw bytes, to send what a string field must not hold.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawGenerateRequest {
+    #[prost(bytes = "vec", tag = "2")]
+    prompt: Vec<u8>,
+    #[prost(uint32, tag = "4")]
+    max_tokens: u32,
+}
+
+/// Runs a Generate with a raw prompt (authorization "bearer tok") to its end; the final status.
+async fn raw_generate(channel: tonic::transport::Channel, prompt: Vec<u8>) -> tonic::Status {
+    let mut req = tonic::Request::new(RawGenerateRequest { prompt, max_tokens: 2 });
+    req.metadata_mut().insert("authorization", "bearer tok".parse().unwrap());
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/civetta.v1.Inference/Generate");
+    let codec = tonic::codec::ProstCodec::<RawGenerateRequest, civetta::proto::GenerateResponse>::default();
+    match grpc.server_streaming(req, path, codec).await {
+        Err(s) => s,
+        Ok(r) => {
+            let mut s = r.into_inner();
+            loop {
+                match s.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break tonic::Status::ok(""),
+                    Err(e) => break e,
+                }
+            }
+        }
+    }
+}
+
+/// Invalid UTF-8 in a string field is INVALID_ARGUMENT (not INTERNAL), a message over the
+/// size limit RESOURCE_EXHAUSTED (not OUT_OF_RANGE), and every such answer, like the auth
+/// interceptor's UNAUTHENTICATED, is counted in `civetta_requests_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_refusals_have_conventional_codes_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "tok\n").unwrap();
+    let d =
+        Daemon::start_env(&model, &["--auth-token-file", token_file.to_str().unwrap()], &[("CIVETTA_SERVER__MAX_MESSAGE_BYTES", "65536")]);
+    let channel = d.channel().await;
+    let call = |prompt: Vec<u8>| raw_generate(channel.clone(), prompt);
+    // The lower-case scheme is accepted (item 7); the prompt itself is fine.
+    assert_eq!(call(b"hello".to_vec()).await.code(), Code::Ok);
+    let err = call(vec![b'h', 0xff, 0xfe, b'i']).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let err = call(vec![b'w'; 70_000]).await;
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let mut client = d.client().await;
+    for _ in 0..3 {
+        let err = client.get_model_info(civetta::proto::GetModelInfoRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated);
+    }
+    let m = d.wait_metrics("every refusal counted", |m| m.sum("civetta_requests_total", &[("code", "UNAUTHENTICATED")]) == 3.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "GetModelInfo"), ("code", "UNAUTHENTICATED")]), 3.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "INVALID_ARGUMENT")]), 1.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "RESOURCE_EXHAUSTED")]), 1.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]), 1.0);
+    assert_eq!(
+        m.sum("civetta_requests_total", &[("code", "INTERNAL")]) + m.sum("civetta_requests_total", &[("code", "OUT_OF_RANGE")]),
+        0.0
+    );
+}

@@ -49,7 +49,8 @@ pub fn generation_request(r: proto::GenerateRequest, served_model: &str) -> Resu
 /// An empty name means the served model; anything else must match it.
 pub fn check_model(requested: &str, served_model: &str) -> Result<(), Status> {
     if !requested.is_empty() && requested != served_model {
-        return Err(Status::invalid_argument(format!("unknown model \"{requested}\" (this server serves \"{served_model}\")")));
+        // NOT_FOUND: the request is well formed, the entity it names does not exist here.
+        return Err(Status::not_found(format!("unknown model \"{requested}\" (this server serves \"{served_model}\")")));
     }
     Ok(())
 }
@@ -225,13 +226,15 @@ mod tests {
                 },
                 "role",
             ),
-            (proto::GenerateRequest { model: "other".into(), ..req() }, "unknown model \"other\""),
         ] {
             let e = generation_request(r, "m").unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument);
             assert!(e.message().contains(phrase), "{phrase:?} not in {:?}", e.message());
         }
         assert!(generation_request(proto::GenerateRequest { model: "m".into(), ..req() }, "m").is_ok());
+        let e = generation_request(proto::GenerateRequest { model: "other".into(), ..req() }, "m").unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        assert!(e.message().contains("unknown model \"other\""), "{e:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use super::convert;
 use super::metrics::Metrics;
 use super::tokenize_pool::{PoolError, TokenizePool};
+use super::transport_status::mark_reached;
 use crate::engine::{Engine, GenerationEvent};
 use crate::proto::{self, generate_response::Event, inference_server::Inference};
 use std::pin::Pin;
@@ -50,6 +51,7 @@ impl Inference for InferenceService {
     type GenerateStream = GenStream;
 
     async fn generate(&self, request: Request<proto::GenerateRequest>) -> Result<Response<GenStream>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let deadline = request
             .metadata()
@@ -140,6 +142,7 @@ impl Inference for InferenceService {
     }
 
     async fn tokenize(&self, request: Request<proto::TokenizeRequest>) -> Result<Response<proto::TokenizeResponse>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let r = request.into_inner();
         let result = match convert::check_model(&r.model, &self.model_name) {
@@ -161,12 +164,14 @@ impl Inference for InferenceService {
         self.finish("Tokenize", started, result)
     }
 
-    async fn get_model_info(&self, _: Request<proto::GetModelInfoRequest>) -> Result<Response<proto::ModelInfo>, Status> {
+    async fn get_model_info(&self, request: Request<proto::GetModelInfoRequest>) -> Result<Response<proto::ModelInfo>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         self.finish("GetModelInfo", started, Ok(convert::model_info(&self.model_name, self.engine.model_info())))
     }
 
-    async fn get_kernel_stats(&self, _: Request<proto::GetKernelStatsRequest>) -> Result<Response<proto::KernelStats>, Status> {
+    async fn get_kernel_stats(&self, request: Request<proto::GetKernelStatsRequest>) -> Result<Response<proto::KernelStats>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let kernels = crate::kernel_registry::registry().snapshot().into_iter().map(convert::kernel_stat).collect();
         let stats = proto::KernelStats {
@@ -177,7 +182,8 @@ impl Inference for InferenceService {
         self.finish("GetKernelStats", started, Ok(stats))
     }
 
-    async fn get_environment(&self, _: Request<proto::GetEnvironmentRequest>) -> Result<Response<proto::Environment>, Status> {
+    async fn get_environment(&self, request: Request<proto::GetEnvironmentRequest>) -> Result<Response<proto::Environment>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         self.finish("GetEnvironment", started, Ok(self.fingerprint.to_proto()))
     }

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod grpc;
 pub mod metrics;
 pub mod tokenize_pool;
+pub mod transport_status;
 
 use crate::config;
 use crate::engine::Engine;
@@ -172,6 +173,7 @@ pub async fn run(
     let max = cfg.server.max_message_bytes;
     let inference = InferenceServer::new(svc).max_decoding_message_size(max);
     let inference = tonic::service::interceptor::InterceptedService::new(inference, auth::interceptor(token.clone()));
+    let inference = transport_status::TransportStatus::new(inference, metrics.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), stop_rx.clone()));

@@ -41,10 +41,12 @@ impl WordCache {
     }
 
     /// Bytes the entries hold (as accounted against the budget).
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
