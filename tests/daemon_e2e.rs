@@ -175,7 +175,6 @@ async fn bad_requests_are_invalid_argument_and_reach_no_model() {
         (sampling(SamplingParams { top_p: -0.1, ..Default::default() }), "top_p"),
         (sampling(SamplingParams { min_p: 1.0, ..Default::default() }), "min_p"),
         (sampling(SamplingParams { repetition_penalty: -2.0, ..Default::default() }), "repetition_penalty"),
-        (GenerateRequest { model: "no-such-model".into(), ..base.clone() }, "unknown model"),
         (GenerateRequest { stop: vec![String::new()], ..base.clone() }, "stop"),
         (GenerateRequest { stop: vec!["s".repeat(10_000)], ..base.clone() }, "stop"),
     ];
@@ -185,19 +184,23 @@ async fn bad_requests_are_invalid_argument_and_reach_no_model() {
         assert_eq!(err.code(), Code::InvalidArgument, "{phrase}: {err:?}");
         assert!(err.message().contains(phrase), "expected {phrase:?} in {:?}", err.message());
     }
+    // An unknown model name is NOT_FOUND (well-formed request, no such entity here).
+    let err = generate(&mut client, GenerateRequest { model: "no-such-model".into(), ..base.clone() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("unknown model"), "{err:?}");
     let err = client.tokenize(TokenizeRequest { model: "no-such-model".into(), text: "x".into(), ..Default::default() }).await.unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.code(), Code::NotFound);
 
     // A request larger than server.max_message_bytes (4 MiB) is refused by the transport.
     let err = generate(&mut client, GenerateRequest { prompt: "y".repeat(5 << 20), ..base.clone() }).await.unwrap_err();
-    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("too large"), "{err:?}");
 
     // Still serving; nothing of the above reached the model.
     let ok = generate(&mut client, base).await.unwrap();
     assert_eq!(ok.ids.len(), 4);
     let m = d.wait_metrics("the good request counted", |m| m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]) == 1.0);
-    assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "invalid")]), n);
+    assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "invalid")]), n + 1.0, "the unknown model counts as invalid");
     assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "INVALID_ARGUMENT")]), n);
     assert_eq!(m.sum("civetta_prompt_tokens_total", &[]), ok.done.usage.unwrap().prompt_tokens as f64, "rejected prompts are not counted");
     assert_eq!(m.sum("civetta_time_to_first_token_seconds_count", &[]), 1.0);

@@ -174,13 +174,14 @@ impl BenchReport {
     fn render_md(&self) -> String {
         let mut s = String::new();
         s += &format!(
-            "model: {} ({}, {}, sha256 {}…)\nbackend: {} ({} threads, simd {}), kernel compiler: {}, iommu: {}, container: {}\n\n",
+            "model: {} ({}, {}, sha256 {}…)\nbackend: {} ({}simd {}), kernel compiler: {}, iommu: {}, container: {}\n\n",
             self.model.name,
             self.model.architecture,
             self.model.quant_mix,
             &self.model.file_sha256.get(..12).unwrap_or(""),
             self.settings.backend,
-            self.settings.threads,
+            // 0 = not known (a remote server does not report its thread count).
+            if self.settings.threads > 0 { format!("{} threads, ", self.settings.threads) } else { String::new() },
             self.fp("cpu.simd"),
             self.fp("toolchain.kernel_compiler"),
             self.fp("iommu.mode"),

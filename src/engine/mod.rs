@@ -9,6 +9,7 @@
 //! `scheduler` (the engine thread: admission, batch building), `sequence` (one sequence:
 //! token emission, stop sequences), `sampler`.
 
+mod prompt_limit;
 pub mod sampler;
 mod scheduler;
 mod sequence;

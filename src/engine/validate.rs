@@ -18,7 +18,7 @@ impl Engine {
                 if text.is_empty() {
                     return Err(SubmitError::Invalid("prompt is empty".into()));
                 }
-                tk.encode(text, *add_bos, true)
+                super::prompt_limit::encode_within_context(tk, text, *add_bos, self.inner.ctx_len)?
             }
             PromptInput::Tokens(ids) => ids.clone(),
             PromptInput::Chat(messages) => {
@@ -26,7 +26,7 @@ impl Engine {
                     return Err(SubmitError::Invalid("messages are empty".into()));
                 }
                 let text = tk.apply_chat_template(messages, true).map_err(|e| SubmitError::Invalid(format!("chat template: {e:#}")))?;
-                tk.encode(&text, false, true)
+                super::prompt_limit::encode_within_context(tk, &text, false, self.inner.ctx_len)?
             }
         })
     }

@@ -37,12 +37,20 @@ impl Token {
         Ok(Token::new(token))
     }
 
-    /// Whether `authorization` metadata (`Bearer <token>`) carries the expected token.
+    /// Whether `authorization` metadata (`Bearer <token>`) carries the expected token. The
+    /// scheme name is case-insensitive (RFC 7235 section 2.1, RFC 6750 section 2.1).
     pub fn accepts(&self, authorization: Option<&str>) -> bool {
         let Some(expected) = &self.0 else { return true };
-        let given = authorization.and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        let given = authorization.and_then(bearer_credentials).unwrap_or("");
         constant_time_eq(given.as_bytes(), expected)
     }
+}
+
+/// The credentials of a `Bearer` authorization value (any case of the scheme name, one or
+/// more spaces before the token).
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim_start_matches(' '))
 }
 
 /// A tonic interceptor that refuses calls without the expected token with UNAUTHENTICATED.
@@ -74,9 +82,21 @@ mod tests {
     fn accepts_only_the_exact_bearer_token() {
         let t = Token::new("s3cret");
         assert!(t.accepts(Some("Bearer s3cret")));
-        for bad in
-            [None, Some(""), Some("s3cret"), Some("Bearer s3cre"), Some("Bearer s3cret "), Some("Bearer S3cret"), Some("Basic s3cret")]
-        {
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            assert!(t.accepts(Some(&format!("{scheme} s3cret"))), "{scheme}");
+        }
+        assert!(t.accepts(Some("Bearer  s3cret")), "more than one space before the token");
+        for bad in [
+            None,
+            Some(""),
+            Some("s3cret"),
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret "),
+            Some("Bearer S3cret"),
+            Some("Basic s3cret"),
+            Some("Bearers3cret"),
+            Some("Bearer\ts3cret"),
+        ] {
             assert!(!t.accepts(bad), "{bad:?}");
         }
         assert!(Token::default().accepts(None), "no token configured: everything passes");

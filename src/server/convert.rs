@@ -49,7 +49,8 @@ pub fn generation_request(r: proto::GenerateRequest, served_model: &str) -> Resu
 /// An empty name means the served model; anything else must match it.
 pub fn check_model(requested: &str, served_model: &str) -> Result<(), Status> {
     if !requested.is_empty() && requested != served_model {
-        return Err(Status::invalid_argument(format!("unknown model \"{requested}\" (this server serves \"{served_model}\")")));
+        // NOT_FOUND: the request is well formed, the entity it names does not exist here.
+        return Err(Status::not_found(format!("unknown model \"{requested}\" (this server serves \"{served_model}\")")));
     }
     Ok(())
 }
@@ -62,12 +63,17 @@ pub fn submit_status(e: SubmitError) -> Status {
     match e {
         SubmitError::Invalid(m) => Status::invalid_argument(m),
         SubmitError::QueueFull { queued, retry_after_ms } => {
-            let mut s = Status::resource_exhausted(format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"));
-            s.metadata_mut().insert(RETRY_AFTER_MS, retry_after_ms.into());
-            s
+            busy_status(&format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"), retry_after_ms)
         }
         SubmitError::ShuttingDown => Status::unavailable("server is shutting down"),
     }
+}
+
+/// RESOURCE_EXHAUSTED with the retry hint in the `retry-after-ms` trailer.
+pub fn busy_status(message: &str, retry_after_ms: u64) -> Status {
+    let mut s = Status::resource_exhausted(message);
+    s.metadata_mut().insert(RETRY_AFTER_MS, retry_after_ms.into());
+    s
 }
 
 /// The `reason` label of `civetta_requests_rejected_total`.
@@ -220,13 +226,15 @@ mod tests {
                 },
                 "role",
             ),
-            (proto::GenerateRequest { model: "other".into(), ..req() }, "unknown model \"other\""),
         ] {
             let e = generation_request(r, "m").unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument);
             assert!(e.message().contains(phrase), "{phrase:?} not in {:?}", e.message());
         }
         assert!(generation_request(proto::GenerateRequest { model: "m".into(), ..req() }, "m").is_ok());
+        let e = generation_request(proto::GenerateRequest { model: "other".into(), ..req() }, "m").unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        assert!(e.message().contains("unknown model \"other\""), "{e:?}");
     }
 
     #[test]

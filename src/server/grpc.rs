@@ -2,6 +2,8 @@
 
 use super::convert;
 use super::metrics::Metrics;
+use super::tokenize_pool::{PoolError, TokenizePool};
+use super::transport_status::mark_reached;
 use crate::engine::{Engine, GenerationEvent};
 use crate::proto::{self, generate_response::Event, inference_server::Inference};
 use std::pin::Pin;
@@ -23,6 +25,8 @@ pub struct InferenceService {
     pub fingerprint: Arc<crate::envinfo::Fingerprint>,
     /// Set when the shutdown grace period is over and the engine cancels what is left.
     pub draining: Arc<AtomicBool>,
+    /// Where prompts are tokenized and templated (never on the async workers).
+    pub tokenize_pool: TokenizePool,
 }
 
 type GenStream = Pin<Box<dyn Stream<Item = Result<proto::GenerateResponse, Status>> + Send>>;
@@ -47,6 +51,7 @@ impl Inference for InferenceService {
     type GenerateStream = GenStream;
 
     async fn generate(&self, request: Request<proto::GenerateRequest>) -> Result<Response<GenStream>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let deadline = request
             .metadata()
@@ -55,7 +60,16 @@ impl Inference for InferenceService {
             .and_then(convert::parse_grpc_timeout)
             .map(|d| tokio::time::Instant::from_std(started + d));
         let req = convert::generation_request(request.into_inner(), &self.model_name).map_err(|s| self.reject("invalid", s, started))?;
-        let mut stream = self.engine.submit(req).map_err(|e| {
+        // submit() tokenizes and renders the chat template: CPU work proportional to the prompt.
+        let engine = self.engine.clone();
+        let submitted = self.tokenize_pool.run(move || engine.submit(req)).await.map_err(|e| {
+            let reason = match e {
+                PoolError::Busy { .. } => "tokenizer_busy",
+                PoolError::Failed(_) => "internal",
+            };
+            self.reject(reason, e.status(), started)
+        })?;
+        let mut stream = submitted.map_err(|e| {
             let reason = convert::reject_reason(&e);
             self.reject(reason, convert::submit_status(e), started)
         })?;
@@ -128,6 +142,7 @@ impl Inference for InferenceService {
     }
 
     async fn tokenize(&self, request: Request<proto::TokenizeRequest>) -> Result<Response<proto::TokenizeResponse>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let r = request.into_inner();
         let result = match convert::check_model(&r.model, &self.model_name) {
@@ -135,25 +150,28 @@ impl Inference for InferenceService {
             Ok(()) => {
                 // Tokenizing a large text is CPU work: keep it off the async workers.
                 let engine = self.engine.clone();
-                tokio::task::spawn_blocking(move || {
-                    let tk = engine.tokenizer();
-                    let ids = tk.encode(&r.text, r.add_bos, r.parse_special);
-                    let pieces = ids.iter().map(|&i| tk.piece(i).to_string()).collect();
-                    proto::TokenizeResponse { token_ids: ids, pieces }
-                })
-                .await
-                .map_err(|e| Status::internal(format!("tokenizer failed: {e}")))
+                self.tokenize_pool
+                    .run(move || {
+                        let tk = engine.tokenizer();
+                        let ids = tk.encode(&r.text, r.add_bos, r.parse_special);
+                        let pieces = ids.iter().map(|&i| tk.piece(i).to_string()).collect();
+                        proto::TokenizeResponse { token_ids: ids, pieces }
+                    })
+                    .await
+                    .map_err(PoolError::status)
             }
         };
         self.finish("Tokenize", started, result)
     }
 
-    async fn get_model_info(&self, _: Request<proto::GetModelInfoRequest>) -> Result<Response<proto::ModelInfo>, Status> {
+    async fn get_model_info(&self, request: Request<proto::GetModelInfoRequest>) -> Result<Response<proto::ModelInfo>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         self.finish("GetModelInfo", started, Ok(convert::model_info(&self.model_name, self.engine.model_info())))
     }
 
-    async fn get_kernel_stats(&self, _: Request<proto::GetKernelStatsRequest>) -> Result<Response<proto::KernelStats>, Status> {
+    async fn get_kernel_stats(&self, request: Request<proto::GetKernelStatsRequest>) -> Result<Response<proto::KernelStats>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         let kernels = crate::kernel_registry::registry().snapshot().into_iter().map(convert::kernel_stat).collect();
         let stats = proto::KernelStats {
@@ -164,7 +182,8 @@ impl Inference for InferenceService {
         self.finish("GetKernelStats", started, Ok(stats))
     }
 
-    async fn get_environment(&self, _: Request<proto::GetEnvironmentRequest>) -> Result<Response<proto::Environment>, Status> {
+    async fn get_environment(&self, request: Request<proto::GetEnvironmentRequest>) -> Result<Response<proto::Environment>, Status> {
+        mark_reached(&request);
         let started = Instant::now();
         self.finish("GetEnvironment", started, Ok(self.fingerprint.to_proto()))
     }

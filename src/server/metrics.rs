@@ -85,7 +85,8 @@ impl Metrics {
                 crate::build_info::RUSTC,
             ])
             .set(1);
-        let collectors: Vec<Box<dyn Collector>> = vec![
+        #[allow(unused_mut)] // pushed to on Linux only
+        let mut collectors: Vec<Box<dyn Collector>> = vec![
             Box::new(requests.clone()),
             Box::new(request_duration.clone()),
             Box::new(ttft.clone()),
@@ -97,6 +98,10 @@ impl Metrics {
             Box::new(build_info),
             Box::new(env.info_gauge()?),
         ];
+        // process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds,
+        // process_start_time_seconds, ... (read from /proc at scrape time).
+        #[cfg(target_os = "linux")]
+        collectors.push(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
         for c in collectors {
             registry.register(c)?;
         }
@@ -465,5 +470,12 @@ mod tests {
         assert!(build.ends_with(" 1"));
         assert!(text.lines().any(|l| l.starts_with("civetta_environment_info{") && l.ends_with(" 1")), "{text}");
         assert!(text.contains("civetta_kernel_calls_total{kernel=\"rope\""));
+        #[cfg(target_os = "linux")]
+        {
+            assert!(sample(&text, "process_resident_memory_bytes") > 1e6, "{text}");
+            assert!(sample(&text, "process_open_fds") >= 3.0);
+            assert!(sample(&text, "process_start_time_seconds") > 1.6e9);
+            assert!(text.contains("process_cpu_seconds_total "));
+        }
     }
 }

@@ -12,6 +12,8 @@ pub mod auth;
 pub mod convert;
 pub mod grpc;
 pub mod metrics;
+pub mod tokenize_pool;
+pub mod transport_status;
 
 use crate::config;
 use crate::engine::Engine;
@@ -94,7 +96,9 @@ pub fn init_logging(format: &str, filter: &str) {
         .ok()
         .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(filter));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only on a terminal: in files, journald and log collectors they are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if format == "json" { b.json().try_init() } else { b.try_init() };
 }
 
@@ -154,6 +158,7 @@ pub async fn run(
         model_name: model_name.clone(),
         fingerprint,
         draining: draining.clone(),
+        tokenize_pool: tokenize_pool::TokenizePool::new(tokenize_pool::TokenizePool::default_jobs(), tokenize_pool::DEFAULT_WAIT),
     };
     let (mut health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
@@ -168,6 +173,7 @@ pub async fn run(
     let max = cfg.server.max_message_bytes;
     let inference = InferenceServer::new(svc).max_decoding_message_size(max);
     let inference = tonic::service::interceptor::InterceptedService::new(inference, auth::interceptor(token.clone()));
+    let inference = transport_status::TransportStatus::new(inference, metrics.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), stop_rx.clone()));

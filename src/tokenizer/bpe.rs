@@ -4,6 +4,7 @@
 //! in merging (they are interned as extra symbols); a final symbol that is not a vocabulary
 //! entry is emitted as its byte tokens.
 
+use super::word_cache::WordCache;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::cmp::Reverse;
@@ -50,9 +51,6 @@ pub fn token_to_bytes(t: &str) -> Vec<u8> {
 /// (rank, left position, right position, left symbol, right symbol) of a candidate merge.
 type QueuedPair = (u32, usize, usize, u32, u32);
 
-/// Entries kept in the per-word cache before it is cleared.
-const CACHE_LIMIT: usize = 65_536;
-
 pub struct Bpe {
     n_vocab: u32,
     /// (left symbol, right symbol) -> (rank, merged symbol). Symbols below `n_vocab` are token
@@ -63,7 +61,7 @@ pub struct Bpe {
     /// Token id of each byte's single character, when the vocabulary has one.
     byte_tokens: [Option<u32>; 256],
     ignore_merges: bool,
-    cache: Mutex<HashMap<String, Vec<u32>>>,
+    cache: Mutex<WordCache>,
 }
 
 struct Interner<'a> {
@@ -116,7 +114,12 @@ impl Bpe {
         if malformed > 0 {
             tracing::warn!(malformed, "BPE merges without a separating space were ignored");
         }
-        Bpe { n_vocab, merges: table, byte_symbols, byte_tokens, ignore_merges, cache: Mutex::new(HashMap::new()) }
+        Bpe { n_vocab, merges: table, byte_symbols, byte_tokens, ignore_merges, cache: Mutex::new(WordCache::default()) }
+    }
+
+    /// Whether every byte has a token (then no input byte is dropped).
+    pub fn every_byte_has_a_token(&self) -> bool {
+        self.byte_tokens.iter().all(Option::is_some)
     }
 
     /// Appends the ids of one pre-tokenized word.
@@ -134,11 +137,7 @@ impl Bpe {
             _ => self.merge_word(word.as_bytes(), &mut result),
         }
         out.extend_from_slice(&result);
-        let mut cache = self.cache.lock();
-        if cache.len() >= CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert(word.to_string(), result);
+        self.cache.lock().insert(word, &result);
     }
 
     fn merge_word(&self, bytes: &[u8], out: &mut Vec<u32>) {

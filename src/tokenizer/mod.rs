@@ -8,6 +8,7 @@ mod pretokenize;
 mod spm;
 mod stream;
 pub mod train;
+mod word_cache;
 
 pub use chat::ChatMessage;
 pub use stream::StreamDecoder;
@@ -77,6 +78,16 @@ pub struct Tokenizer {
     add_bos: bool,
     add_space_prefix: bool,
     chat_template: Option<String>,
+    /// Input bytes one token can stand for at most, when every byte has a token of its own
+    /// (so n bytes give at least n / this many tokens); None when bytes can be dropped.
+    max_bytes_per_token: Option<usize>,
+}
+
+/// The text tokenizes to more than the caller's limit; tokenizing stopped there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the text has more than {limit} tokens")]
+pub struct TooManyTokens {
+    pub limit: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -209,6 +220,13 @@ impl Tokenizer {
                 }
             }
         }
+        let every_byte_has_a_token = match (&bpe, &spm) {
+            (Some(b), _) => b.every_byte_has_a_token(),
+            (_, Some(s)) => s.every_byte_has_a_token(),
+            _ => false,
+        };
+        let max_bytes_per_token =
+            every_byte_has_a_token.then(|| tokens.iter().zip(&token_bytes).map(|(t, b)| t.len().max(b.len())).max().unwrap_or(1).max(1));
         let pre_splitter = match kind {
             TokenizerKind::Bpe => pretokenize::PreTokenizer::for_name(&p.pre),
             TokenizerKind::Spm => pretokenize::PreTokenizer::for_name("gpt-2"),
@@ -233,6 +251,7 @@ impl Tokenizer {
             eos: p.eos,
             eog,
             chat_template: p.chat_template,
+            max_bytes_per_token,
         })
     }
 
@@ -240,7 +259,21 @@ impl Tokenizer {
     /// User-defined tokens' texts always become their ids (as in llama.cpp and HF); with
     /// `parse_special` control tokens' texts (e.g. "<|im_start|>") do too.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        self.encode_limited(text, add_bos, parse_special, usize::MAX).unwrap_or_else(|e| unreachable!("{e} without a limit"))
+    }
+
+    /// Like [`Tokenizer::encode`], but gives up as soon as the result is known to have more
+    /// than `limit` tokens: at once when the text has more bytes than `limit` tokens can
+    /// stand for, before a word whose bytes alone need too many tokens, or after the token
+    /// past the limit. So a huge text costs about as much as a text of `limit` tokens.
+    pub fn encode_limited(&self, text: &str, add_bos: bool, parse_special: bool, limit: usize) -> Result<Vec<u32>, TooManyTokens> {
+        let too_many = Err(TooManyTokens { limit });
+        // At least ceil(bytes / max_bytes_per_token) tokens.
+        let min_tokens = |bytes: usize| self.max_bytes_per_token.map_or(0, |m| bytes.div_ceil(m));
+        if min_tokens(text.len()) > limit {
+            return too_many;
+        }
+        let mut out = Vec::with_capacity((text.len() / 3 + 2).min(limit.saturating_add(1)));
         if add_bos {
             if let Some(b) = self.bos {
                 out.push(b);
@@ -259,6 +292,9 @@ impl Tokenizer {
                     match (&self.bpe, &self.spm) {
                         (Some(bpe), _) => {
                             for word in self.pre_splitter.split(seg) {
+                                if out.len() + min_tokens(word.len()) > limit {
+                                    return too_many;
+                                }
                                 bpe.encode_word(word, &self.ids, &mut out);
                             }
                         }
@@ -268,8 +304,14 @@ impl Tokenizer {
                     after_special = false;
                 }
             }
+            if out.len() > limit {
+                return too_many;
+            }
         }
-        out
+        if out.len() > limit {
+            return too_many;
+        }
+        Ok(out)
     }
 
     /// Splits text at special tokens like llama.cpp's tokenizer_st_partition: longest token

@@ -3,7 +3,8 @@
 //! every current piece into its matches and the unmatched text between them (which stays as
 //! pieces of its own), so concatenating the pieces always gives back the input.
 
-use fancy_regex::Regex;
+use regex_automata::meta::Regex;
+use regex_automata::{Anchored, Input, Match};
 
 /// GPT-2's expression as llama.cpp writes it (no trailing `|\s+`: whitespace that no branch
 /// matches is left between matches, which yields the same pieces).
@@ -79,7 +80,7 @@ pub fn spec_for(pre: &str) -> PreTokenizerSpec {
 }
 
 pub struct PreTokenizer {
-    stages: Vec<Regex>,
+    stages: Vec<Stage>,
 }
 
 impl PreTokenizer {
@@ -93,23 +94,17 @@ impl PreTokenizer {
     }
 
     fn from_stages(stages: &[&str]) -> PreTokenizer {
-        let stages = stages
-            .iter()
-            .map(|e| {
-                // Large inputs (long whitespace runs) must not hit the default backtrack limit.
-                fancy_regex::RegexBuilder::new(e).backtrack_limit(10_000_000).build().expect("static pre-tokenizer regex")
-            })
-            .collect();
-        PreTokenizer { stages }
+        PreTokenizer { stages: stages.iter().map(|e| Stage::new(e)).collect() }
     }
 
-    /// Splits `text` into words; their concatenation is `text`.
+    /// Splits `text` into words; their concatenation is `text`. Linear time and no
+    /// recursion, so any input length splits exactly as the stage regexes would.
     pub fn split<'a>(&self, text: &'a str) -> Vec<&'a str> {
         let mut pieces = vec![text];
-        for re in &self.stages {
+        for stage in &self.stages {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
-                split_piece(re, piece, &mut next);
+                stage.split_piece(piece, &mut next);
             }
             pieces = next;
         }
@@ -117,26 +112,224 @@ impl PreTokenizer {
     }
 }
 
-fn split_piece<'a>(re: &Regex, piece: &'a str, out: &mut Vec<&'a str>) {
-    let mut last = 0;
-    for m in re.find_iter(piece) {
-        let m = match m {
-            Ok(m) => m,
-            Err(e) => {
-                // Only a backtracking limit can fail here; keep the rest as one piece.
-                tracing::warn!(error = %e, "pre-tokenizer regex failed; keeping the rest of the text whole");
-                break;
-            }
+/// The one look-around the pre-tokenizer expressions use: whitespace not followed by
+/// non-whitespace (a run of spaces gives its last space to the next word).
+const WHITESPACE_LOOKAHEAD: &str = r"\s+(?!\S)";
+
+/// One regex stage, matched with the `regex` crate (finite automata: linear time, no
+/// backtracking stack). A backtracking engine (fancy_regex) overflowed its stack on runs of
+/// about a million characters and then kept the rest of the text whole, which tokenized
+/// everything after the run wrongly.
+///
+/// The look-ahead branch `\s+(?!\S)` is resolved by hand: the search expression has `\s+`
+/// in its place, and when that branch wins at position p over the whitespace run p..q,
+/// the backtracking semantics are: the whole run if it ends the text, else the run minus
+/// its last character, else (a single whitespace character before non-whitespace) the
+/// branch fails and the branches after it are tried at p; if none matches, no match starts
+/// at p. `tests::regex_stages_match_fancy_regex` checks this against fancy_regex.
+struct Stage {
+    /// The expression with `\s+(?!\S)` replaced by `\s+`.
+    search: Regex,
+    lookahead: Option<Lookahead>,
+}
+
+struct Lookahead {
+    /// `\s`: whether the look-ahead branch can match at a position (searched anchored).
+    whitespace: Regex,
+    /// The alternatives before the look-ahead branch (searched anchored).
+    before: Option<Regex>,
+    /// The alternatives after it (searched anchored).
+    after: Option<Regex>,
+}
+
+/// An anchored search of `re` in `piece` at `at`.
+fn anchored_at<'h>(piece: &'h str, at: usize) -> Input<'h> {
+    Input::new(piece).range(at..).anchored(Anchored::Yes)
+}
+
+impl Stage {
+    fn new(expr: &str) -> Stage {
+        let compile = |e: &str| Regex::new(e).unwrap_or_else(|err| panic!("pre-tokenizer regex {e:?}: {err}"));
+        let alternatives = top_level_alternatives(expr);
+        let Some(at) = alternatives.iter().position(|a| *a == WHITESPACE_LOOKAHEAD) else {
+            return Stage { search: compile(expr), lookahead: None };
         };
-        if m.start() > last {
-            out.push(&piece[last..m.start()]);
+        let alternation = |alts: &[&str]| (!alts.is_empty()).then(|| compile(&alts.join("|")));
+        let mut search = alternatives.clone();
+        search[at] = r"\s+";
+        Stage {
+            search: compile(&search.join("|")),
+            lookahead: Some(Lookahead {
+                whitespace: compile(r"\s"),
+                before: alternation(&alternatives[..at]),
+                after: alternation(&alternatives[at + 1..]),
+            }),
         }
-        if m.end() > m.start() {
-            out.push(m.as_str());
-        }
-        last = m.end();
     }
-    if last < piece.len() {
-        out.push(&piece[last..]);
+
+    /// The match the original expression has at `m.start()`, or None when it has none there.
+    fn resolve(&self, piece: &str, m: Match) -> Option<(usize, usize)> {
+        let Some(la) = &self.lookahead else { return Some((m.start(), m.end())) };
+        let (p, q) = (m.start(), m.end());
+        let from_lookahead =
+            la.whitespace.is_match(anchored_at(piece, p)) && !la.before.as_ref().is_some_and(|b| b.is_match(anchored_at(piece, p)));
+        if !from_lookahead {
+            return Some((p, q));
+        }
+        // `\s+` took the whole whitespace run p..q (greedy, maximal).
+        if q == piece.len() {
+            return Some((p, q));
+        }
+        let last = piece[p..q].char_indices().next_back().map(|(i, _)| p + i).unwrap_or(p);
+        if last > p {
+            return Some((p, last));
+        }
+        la.after.as_ref().and_then(|a| a.find(anchored_at(piece, p))).map(|a| (p, a.end()))
+    }
+
+    fn split_piece<'a>(&self, piece: &'a str, out: &mut Vec<&'a str>) {
+        let (mut last, mut at) = (0, 0);
+        while at <= piece.len() {
+            let Some(m) = self.search.find(Input::new(piece).range(at..)) else { break };
+            let Some((s, e)) = self.resolve(piece, m) else {
+                // No match starts at m.start(): search again from the next character.
+                at = m.start() + piece[m.start()..].chars().next().map_or(1, char::len_utf8);
+                continue;
+            };
+            if s > last {
+                out.push(&piece[last..s]);
+            }
+            if e > s {
+                out.push(&piece[s..e]);
+                at = e;
+            } else {
+                at = e + piece[e..].chars().next().map_or(1, char::len_utf8);
+            }
+            last = e;
+        }
+        if last < piece.len() {
+            out.push(&piece[last..]);
+        }
+    }
+}
+
+/// Splits an expression at its top-level `|` (not inside groups or classes).
+fn top_level_alternatives(expr: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut class, mut escaped, mut start) = (Vec::new(), 0i32, false, false, 0);
+    for (i, c) in expr.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '[' if !class => class = true,
+            ']' if class => class = false,
+            '(' if !class => depth += 1,
+            ')' if !class => depth -= 1,
+            '|' if !class && depth == 0 => {
+                out.push(&expr[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&expr[start..]);
+    out
+}
+
+#[cfg(test)]
+mod regex_tests {
+    use super::*;
+
+    /// The pre-tokenizer as a backtracking engine runs the expressions (the oracle).
+    fn fancy_split<'a>(stages: &[fancy_regex::Regex], text: &'a str) -> Result<Vec<&'a str>, fancy_regex::Error> {
+        let mut pieces = vec![text];
+        for re in stages {
+            let mut next = Vec::new();
+            for piece in pieces {
+                let mut last = 0;
+                for m in re.find_iter(piece) {
+                    let m = m?;
+                    if m.start() > last {
+                        next.push(&piece[last..m.start()]);
+                    }
+                    if m.end() > m.start() {
+                        next.push(m.as_str());
+                    }
+                    last = m.end();
+                }
+                if last < piece.len() {
+                    next.push(&piece[last..]);
+                }
+            }
+            pieces = next;
+        }
+        Ok(pieces)
+    }
+
+    fn fancy(stages: &[&str]) -> Vec<fancy_regex::Regex> {
+        stages.iter().map(|e| fancy_regex::Regex::new(e).unwrap()).collect()
+    }
+
+    const ALL_STAGES: &[&[&str]] = &[
+        STAGES_GPT2,
+        STAGES_LLAMA3,
+        STAGES_QWEN2,
+        STAGES_QWEN35,
+        STAGES_STARCODER,
+        STAGES_FALCON,
+        STAGES_DEEPSEEK_LLM,
+        STAGES_DEEPSEEK_CODER,
+        STAGES_DEFAULT,
+    ];
+
+    /// Characters from every class the expressions distinguish.
+    const ALPHABET: &[&str] = &[
+        "a", "Z", "é", "日", "ß", "1", "٣", "ⅷ", " ", " ", " ", "\t", "\n", "\r", "\u{a0}", "\u{2028}", "\u{85}", "'", "s", "t", "re",
+        "ll", "D", "!", ".", ",", "$", "+", "<", "=", "|", "`", "~", "^", "-", "🦉", "\u{301}", "\u{200b}", "\0", "０", "，", "「", "가",
+    ];
+
+    #[test]
+    fn regex_stages_match_fancy_regex() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        for stages in ALL_STAGES {
+            let (pre, oracle) = (PreTokenizer::from_stages(stages), fancy(stages));
+            for _ in 0..400 {
+                let n = rng.gen_range(0..40);
+                // Runs make whitespace and letter sequences of every length likely.
+                let text: String = (0..n).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())].repeat(rng.gen_range(1..4))).collect();
+                assert_eq!(pre.split(&text), fancy_split(&oracle, &text).unwrap(), "{stages:?} on {text:?}");
+            }
+        }
+    }
+
+    /// fancy_regex itself fails on these inputs (StackOverflow for every stage list with
+    /// `\s+(?!\S)`, checked 2026-12-04), which is why the oracle only sees the short run.
+    #[test]
+    fn long_runs_split_like_short_ones() {
+        let tail = "\n and then,  two   spaces.\n\n  Done!  ";
+        for stages in ALL_STAGES {
+            let (pre, oracle) = (PreTokenizer::from_stages(stages), fancy(stages));
+            for run in ["x", " ", "\t", "7", "!"] {
+                let long = format!("{}{tail}", run.repeat(1_000_000));
+                let short = format!("{}{tail}", run.repeat(12));
+                let (got, want) = (pre.split(&long), fancy_split(&oracle, &short).unwrap());
+                assert_eq!(got.concat(), long);
+                // Everything after the run is split as it is after a short run.
+                let tail_of = |pieces: &[&str]| {
+                    pieces
+                        .iter()
+                        .rev()
+                        .scan(0, |n, p| {
+                            *n += p.len();
+                            (*n <= tail.len()).then(|| p.to_string())
+                        })
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(tail_of(&got), tail_of(&want), "{stages:?} after a run of {run:?}");
+            }
+        }
     }
 }

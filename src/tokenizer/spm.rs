@@ -41,6 +41,11 @@ impl Spm {
         Spm { scores, byte_tokens }
     }
 
+    /// Whether every byte has a token (byte piece, character piece or unknown).
+    pub fn every_byte_has_a_token(&self) -> bool {
+        self.byte_tokens.iter().all(Option::is_some)
+    }
+
     /// Appends the ids of `text` (spaces not yet escaped); `space_prefix` adds the dummy "▁".
     pub fn encode(&self, text: &str, space_prefix: bool, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
         let mut s = String::with_capacity(text.len() + 3);
