@@ -13,7 +13,11 @@ pub struct IommuMode {
 }
 
 pub const MODES: [IommuMode; 3] = [
-    IommuMode { name: "default", cmdline: "", expect: "translated" },
+    IommuMode {
+        name: "default",
+        cmdline: "",
+        expect: "translated (passthrough if the kernel was built with CONFIG_IOMMU_DEFAULT_PASSTHROUGH)",
+    },
     IommuMode { name: "passthrough", cmdline: "iommu=pt", expect: "passthrough" },
     IommuMode { name: "off", cmdline: "amd_iommu=off", expect: "off" },
 ];
@@ -45,7 +49,8 @@ pub fn render(gib: u64, layers: &str, bench_args: &str) -> String {
         let _ = writeln!(s, "== boot {}: IOMMU {} ==", i + 1, m.name);
         let _ = writeln!(s, "kernel command line (add; remove the other modes' iommu parameters):\n  {line}");
         s += "set it:\n";
-        let _ = writeln!(s, "  Fedora:        sudo grubby --update-kernel=ALL --remove-args=\"iommu amd_iommu\" --args=\"{line}\"");
+        let others: Vec<&str> = MODES.iter().map(|o| o.cmdline).filter(|c| !c.is_empty() && *c != m.cmdline).collect();
+        let _ = writeln!(s, "  Fedora:        sudo grubby --update-kernel=ALL --remove-args=\"{}\" --args=\"{line}\"", others.join(" "));
         s += "  Debian/Ubuntu: edit GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, then sudo update-grub\n";
         s += "  Fedora Atomic: sudo rpm-ostree kargs --delete-if-present=... --append-if-missing=... (one per parameter)\n";
         s += "reboot, then check:\n";
@@ -78,6 +83,7 @@ mod tests {
         assert!(p.contains("  iommu=pt amdgpu.gttsize=122880"));
         assert!(p.contains("  amd_iommu=off amdgpu.gttsize=122880"));
         assert!(p.contains("iommu.mode must be off"));
+        assert!(p.contains("--remove-args=\"amd_iommu=off\" --args=\"iommu=pt amdgpu"), "{p}");
         assert!(p.contains(
             "civetta repro run --layers host,podman,toolbox -o repro-iommu-passthrough.json -- -m ~/models/model.gguf --backend hip"
         ));
