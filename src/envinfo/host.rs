@@ -6,15 +6,16 @@ use super::{read_trimmed, Field, Probe};
 use std::collections::BTreeSet;
 
 pub(crate) fn collect(p: &Probe) -> Vec<Field> {
-    let mut out = Vec::new();
-    out.push(file_field(p.proc("sys/kernel/osrelease"), "host.kernel_release", "/proc/sys/kernel/osrelease"));
-    // The build stamp (`#1 SMP PREEMPT_DYNAMIC <date>`): two builds of one release differ here.
-    out.push(file_field(p.proc("sys/kernel/version"), "host.kernel_version", "/proc/sys/kernel/version"));
-    out.push(match &p.cmdline {
-        Some(c) => Field::new("host.cmdline", c.clone(), "/proc/cmdline"),
-        None => Field::unknown("host.cmdline", "/proc/cmdline (not readable)"),
-    });
-    out.push(os_field(p, "etc/os-release", "host.os", "/etc/os-release PRETTY_NAME"));
+    let mut out = vec![
+        file_field(p.proc("sys/kernel/osrelease"), "host.kernel_release", "/proc/sys/kernel/osrelease"),
+        // The build stamp (`#1 SMP PREEMPT_DYNAMIC <date>`): two builds of one release differ here.
+        file_field(p.proc("sys/kernel/version"), "host.kernel_version", "/proc/sys/kernel/version"),
+        match &p.cmdline {
+            Some(c) => Field::new("host.cmdline", c.clone(), "/proc/cmdline"),
+            None => Field::unknown("host.cmdline", "/proc/cmdline (not readable)"),
+        },
+        os_field(p, "etc/os-release", "host.os", "/etc/os-release PRETTY_NAME"),
+    ];
     // Inside toolbox/distrobox the host's root is mounted at /run/host: the OS outside.
     if p.run("host/etc/os-release").exists() {
         out.push(os_field(p, "run/host/etc/os-release", "host.outer_os", "/run/host/etc/os-release PRETTY_NAME"));
