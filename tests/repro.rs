@@ -9,7 +9,7 @@ use civetta::repro::cli::problems;
 use civetta::repro::driver;
 use civetta::repro::layer::{BenchInvocation, LayerRunner};
 use civetta::repro::merge::{columns_of, merge};
-use civetta::repro::report::{CellStatus, ReproReport};
+use civetta::repro::report::{field_value, CellStatus, ReproReport};
 use std::cell::RefCell;
 use std::path::PathBuf;
 
@@ -65,7 +65,9 @@ impl LayerRunner for FakeLayer<'_> {
             anyhow::bail!("container exited with 125");
         }
         let mut r = base_report();
+        // As `civetta bench` writes it: the fingerprint plus the backend's own description.
         r.fingerprint = self.fp.to_json();
+        r.fingerprint["backend"] = serde_json::json!({"name": "cpu", "variant": "avx2"});
         for t in &mut r.tests {
             // Each round a little different, so pooling is visible.
             t.samples_tps = t.samples_tps.iter().map(|x| x * self.speed + call as f64).collect();
@@ -110,9 +112,10 @@ fn layers_interleave_and_each_cell_keeps_its_fingerprint() {
     let host_cell = r.cells["host"].report.as_ref().unwrap();
     assert_eq!(host_cell.tests[0].samples_tps.len(), 6);
     assert_eq!(r.cells["host"].round_means["pp64"].len(), 3);
-    assert_eq!(Fingerprint::from_json(&host_cell.fingerprint).unwrap().container, "none");
-    let podman_fp = Fingerprint::from_json(r.cells["podman"].fingerprint().unwrap()).unwrap();
-    assert_eq!((podman_fp.container.as_str(), podman_fp.image.as_str()), ("podman", "civetta:cpu"));
+    assert_eq!(field_value(&host_cell.fingerprint, "container.type"), Some("none"));
+    let podman_fp = r.cells["podman"].fingerprint().unwrap();
+    assert_eq!(field_value(podman_fp, "container.type"), Some("podman"));
+    assert_eq!(field_value(podman_fp, "container.image"), Some("civetta:cpu"));
 
     // The overhead row: podman against host, the container layer its only factor.
     let rows: Vec<_> = r.overhead.iter().filter(|o| o.layer == "podman").collect();
@@ -135,6 +138,12 @@ fn layers_interleave_and_each_cell_keeps_its_fingerprint() {
     let p = problems(&r, &["host".into(), "toolbox".into()]);
     assert_eq!(p.len(), 1, "{p:?}");
     assert!(p[0].contains("toolbox did not run"), "{p:?}");
+    // A podman cell whose fingerprint says it ran on the host is caught.
+    let mut wrong = r.clone();
+    let fields = wrong.cells.get_mut("podman").unwrap().report.as_mut().unwrap().fingerprint["fields"].as_array_mut().unwrap();
+    fields.iter_mut().filter(|f| f["key"] == "container.type").for_each(|f| f["value"] = "none".into());
+    let p = problems(&wrong, &["host".into(), "podman".into()]);
+    assert_eq!(p, ["layer podman: its fingerprint says container \"none\", not \"podman\""]);
 
     let md = r.render_md();
     assert!(md.contains("| test | host t/s | podman t/s |"), "{md}");

@@ -152,22 +152,17 @@ pub fn problems(r: &ReproReport, layers: &[String]) -> Vec<String> {
             out.push(format!("layer {l} did not run: {:?}: {}", c.status, c.reason.as_deref().unwrap_or("")));
             continue;
         }
-        let fp = c.fingerprint().map(crate::envinfo::Fingerprint::from_json);
-        match fp {
-            Some(Ok(fp)) if !fp.fields.is_empty() => {
-                // The fingerprint was read inside the layer: a container cell says so.
-                let want = match l.as_str() {
-                    "host" => None,
-                    other => Some(other),
-                };
-                if let Some(w) = want {
-                    if fp.container != w {
-                        out.push(format!("layer {l}: its fingerprint says container {:?}, not {w:?}", fp.container));
-                    }
-                }
+        // The fingerprint was read inside the layer: a container cell must say so.
+        let fp = c.fingerprint();
+        let n_fields = fp.and_then(|f| f.get("fields")).and_then(|f| f.as_array()).map_or(0, Vec::len);
+        if n_fields == 0 {
+            out.push(format!("layer {l}: no fingerprint fields"));
+        } else {
+            let container = fp.and_then(|f| super::report::field_value(f, "container.type")).unwrap_or("absent");
+            let want = if l == "host" { None } else { Some(l.as_str()) };
+            if want.is_some_and(|w| w != container) {
+                out.push(format!("layer {l}: its fingerprint says container {container:?}, not {l:?}"));
             }
-            Some(Err(e)) => out.push(format!("layer {l}: bad fingerprint: {e}")),
-            _ => out.push(format!("layer {l}: no fingerprint")),
         }
         if c.report.as_ref().is_none_or(|rep| rep.tests.is_empty()) {
             out.push(format!("layer {l}: no test results"));

@@ -82,12 +82,7 @@ fn table_factors(columns: &[Column]) -> Vec<(&'static str, Vec<String>)> {
 }
 
 fn field<'a>(fp: &'a serde_json::Value, key: &str) -> &'a str {
-    fp.get("fields")
-        .and_then(|f| f.as_array())
-        .and_then(|a| a.iter().find(|f| f.get("key").and_then(|k| k.as_str()) == Some(key)))
-        .and_then(|f| f.get("value"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("absent")
+    super::report::field_value(fp, key).unwrap_or("absent")
 }
 
 /// Joins the columns into one table.

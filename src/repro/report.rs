@@ -91,6 +91,12 @@ pub struct OverheadRow {
     pub bit_exact: Option<bool>,
 }
 
+/// A field's value in a bench report's fingerprint (`{fields: [{key, value, source}], ...}`;
+/// the bench adds a `backend` object, so this reads the fields, not the typed summary).
+pub fn field_value<'a>(fingerprint: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    fingerprint.get("fields")?.as_array()?.iter().find(|f| f.get("key").and_then(|k| k.as_str()) == Some(key))?.get("value")?.as_str()
+}
+
 /// Pools the rounds of one layer into one report (see [`Cell::report`]) and the per-round means.
 pub fn pool_rounds(rounds: &[BenchReport]) -> Option<(BenchReport, BTreeMap<String, Vec<f64>>)> {
     let first = rounds.first()?;
