@@ -2,7 +2,7 @@
 # docs/IMAGES.md and docs/DEPLOY.md describe the images and how to run them.
 IMAGE ?= cpu
 
-.PHONY: image images image-cpu image-base containers-gen containers-check test-containers test-prometheus
+.PHONY: image images image-cpu image-base containers-gen containers-check test-containers test-repro test-prometheus
 
 image: ## Build one image of containers/matrix.toml: make image IMAGE=rocm-6.4.4-clang19 (default cpu)
 	scripts/containers-build.sh $(IMAGE)
@@ -25,6 +25,9 @@ containers-check: ## Check the Containerfiles are generated from the matrix and 
 
 test-containers: ## Build and run the CPU image: gRPC, /metrics, HEALTHCHECK, civetta env (podman)
 	scripts/test-containers.sh
+
+test-repro: ## civetta repro run --layers host,podman on SmolLM2 (after test-containers), then repro check
+	scripts/repro-check.sh
 
 test-prometheus: ## Real Prometheus against a live civetta: every dashboard/rule query returns data
 	scripts/prometheus-check.sh

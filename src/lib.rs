@@ -21,6 +21,7 @@ pub mod kernel_registry;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod repro;
 pub mod server;
 pub mod synth;
 pub mod tokenizer;

@@ -34,6 +34,11 @@ enum Cmd {
     Bench(civetta::bench::cli::BenchArgs),
     /// Compare two `civetta bench -o json` reports.
     Compare(civetta::bench::cli::CompareArgs),
+    /// Reproduce a bench across layers (host, podman, toolbox) and boots (IOMMU modes).
+    Repro {
+        #[command(subcommand)]
+        cmd: civetta::repro::cli::ReproCmd,
+    },
     /// Print the logits of every position of a token sequence as JSON (reference tests).
     Logits(LogitsArgs),
     /// Tokenize text with a model's tokenizer.
@@ -167,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Kernels(a) => civetta::kernels::cli::run(a),
         Cmd::Bench(a) => civetta::bench::cli::run_bench(&a).map(|_| 0),
         Cmd::Compare(a) => civetta::bench::cli::run_compare(&a),
+        Cmd::Repro { cmd } => civetta::repro::cli::run(cmd),
         Cmd::Logits(a) => logits(a).map(|_| 0),
         Cmd::Tokenize(a) => tokenize(a).map(|_| 0),
     }

@@ -20,6 +20,11 @@ fn recorded_reports_compare_names_every_injected_difference() {
     let container = text.find("- container type: none vs toolbox").expect("container difference named");
     assert!(compiler < iommu && iommu < container, "{text}");
     assert!(text.contains("clang version 23.0.0"));
+    // Three factors changed at once: the comparison says it is confounded and names them all.
+    assert!(
+        text.contains("WARNING: confounded: the runs differ in 3 factors that can move the result (compiler, IOMMU mode, container layer)"),
+        "{text}"
+    );
     // The tg change is outside the noise, the pp change inside.
     assert!(text.lines().any(|l| l.starts_with("| tg16 t/s") && l.contains("30.0% slower")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("| pp64 t/s") && l.contains("within noise")), "{text}");

@@ -105,7 +105,27 @@ fn info_labels_and_the_prometheus_gauge() {
     let fp = fixture("container-podman");
     let labels = fp.info_labels();
     let names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["version", "git_sha", "backend", "compiler", "rocm", "iommu", "container", "gpu_arch", "image"]);
+    assert_eq!(
+        names,
+        [
+            "version",
+            "git_sha",
+            "backend",
+            "compiler",
+            "rocm",
+            "iommu",
+            "container",
+            "gpu_arch",
+            "image",
+            "kernel",
+            "power_profile",
+            "governor",
+            "epp",
+            "gpu_perf_level",
+            "gtt_total_bytes",
+            "thp"
+        ]
+    );
     let label = |k: &str| labels.iter().find(|(n, _)| n == k).unwrap().1.as_str();
     assert_eq!(label("container"), "podman");
     assert_eq!(label("image"), "civetta:rocm-7.1.1-clang20");

@@ -291,3 +291,100 @@ fn kernel_compiler_from_the_environment_when_no_directory_is_given() {
     opts.env_vars = Some([("CIVETTA_KERNEL_DIR".to_string(), dir.display().to_string())].into());
     assert_eq!(collect(&opts).kernel_compiler, "clang 22.1.8");
 }
+
+// ---------------------------------------------------------------- power and memory settings
+
+#[test]
+fn strix_halo_power_settings() {
+    let f = fp("strix-halo");
+    assert_eq!(value(&f, "host.power_profile"), "performance");
+    assert_eq!(source(&f, "host.power_profile"), "/sys/firmware/acpi/platform_profile");
+    assert_eq!(value(&f, "host.energy_perf_preference"), "balance_performance");
+    assert_eq!(source(&f, "host.energy_perf_preference"), "/sys/devices/system/cpu/cpu0/cpufreq/energy_performance_preference");
+    assert_eq!(value(&f, "host.cpufreq_driver"), "amd-pstate-epp");
+    assert_eq!(value(&f, "gpu.0.perf_level"), "auto");
+    assert_eq!(source(&f, "gpu.0.perf_level"), "/sys/class/drm/card1/device/power_dpm_force_performance_level");
+    assert_eq!(value(&f, "gpu.0.power_profile_mode"), "COMPUTE");
+    assert_eq!(source(&f, "gpu.0.power_profile_mode"), "/sys/class/drm/card1/device/pp_power_profile_mode (line marked *)");
+    // Where the files are missing: unknown, with the path that was tried.
+    let g = fp("container-podman");
+    assert_eq!(value(&g, "host.energy_perf_preference"), "unknown");
+    assert!(source(&g, "host.energy_perf_preference").ends_with("(not readable)"));
+    assert_eq!(value(&g, "host.power_profile"), "unknown");
+}
+
+#[test]
+fn strix_halo_memory_settings() {
+    let f = fp("strix-halo");
+    assert_eq!(value(&f, "gpu.0.gtt_total_bytes"), "130056978432");
+    assert_eq!(value(&f, "gpu.0.gtt_used_bytes"), "2151677952");
+    assert_eq!(source(&f, "gpu.0.gtt_used_bytes"), "/sys/class/drm/card1/device/mem_info_gtt_used");
+    // GTT in use changes from run to run: compare may leave it out.
+    assert!(civetta::envinfo::is_volatile("gpu.0.gtt_used_bytes"));
+    assert_eq!(value(&f, "kparam.ttm.pages_limit"), "32505856");
+    assert_eq!(value(&f, "kparam.ttm.page_pool_size"), "32505856");
+    assert_eq!(source(&f, "kparam.ttm.page_pool_size"), "/sys/module/ttm/parameters/page_pool_size");
+    assert_eq!(value(&f, "host.thp"), "madvise");
+    assert_eq!(source(&f, "host.thp"), "/sys/kernel/mm/transparent_hugepage/enabled [selected]");
+    assert_eq!(value(&f, "host.thp_defrag"), "madvise");
+    let g = fp("container-podman");
+    assert_eq!(value(&g, "host.thp"), "unknown");
+}
+
+#[test]
+fn strix_halo_firmware_and_kernel_build() {
+    let f = fp("strix-halo");
+    // Sorted by name: one field that changes with any firmware update.
+    assert_eq!(value(&f, "gpu.0.firmware"), "me=0x00000020,mec=0x0000001f,smc=0x004a0d00,sos=0x00000000,vcn=0x0802100c");
+    assert_eq!(source(&f, "gpu.0.firmware"), "/sys/class/drm/card1/device/fw_version/*_fw_version");
+    assert_eq!(value(&f, "gpu.0.vbios"), "113-STRXLGEN-001");
+    assert_eq!(value(&f, "host.kernel_release"), "6.17.7-300.fc43.x86_64");
+    assert_eq!(value(&f, "host.kernel_version"), "#1 SMP PREEMPT_DYNAMIC Mon Nov  3 16:52:36 UTC 2025");
+    assert_eq!(source(&f, "host.kernel_version"), "/proc/sys/kernel/version");
+}
+
+#[test]
+fn dashboard_labels_carry_the_power_and_memory_settings() {
+    let labels = fp("strix-halo").info_labels();
+    let label = |k: &str| labels.iter().find(|(n, _)| n == k).unwrap_or_else(|| panic!("no label {k}")).1.clone();
+    assert_eq!(label("power_profile"), "performance");
+    assert_eq!(label("governor"), "performance");
+    assert_eq!(label("epp"), "balance_performance");
+    assert_eq!(label("gpu_perf_level"), "auto");
+    assert_eq!(label("gtt_total_bytes"), "130056978432");
+    assert_eq!(label("kernel"), "6.17.7-300.fc43.x86_64");
+    assert_eq!(label("thp"), "madvise");
+}
+
+// ---------------------------------------------------------------- confounding
+
+/// Two Strix Halo boots: IOMMU passthrough + performance profile, and IOMMU off + balanced.
+#[test]
+fn two_factors_changed_the_warning_names_both() {
+    use civetta::envinfo::factors::{changed, confounding_warning, differing_factors};
+    let a = fp("strix-halo");
+    let b = fp("strix-halo-iommu-off-balanced");
+    assert_eq!((a.iommu_mode.as_str(), b.iommu_mode.as_str()), ("passthrough", "off"));
+    let diff: Vec<(&str, &str, &str)> = a.diff(&b);
+    let factors = differing_factors(&diff);
+    let names: Vec<&str> = changed(&factors).iter().map(|f| f.factor).collect();
+    assert_eq!(names, ["IOMMU mode", "power profile"]);
+    let w = confounding_warning(&factors).expect("two factors differ");
+    assert!(w.contains("IOMMU mode") && w.contains("power profile"), "{w}");
+    assert!(w.contains("iommu.mode: passthrough vs off") && w.contains("host.power_profile: performance vs balanced"), "{w}");
+
+    // `civetta compare` on two reports carrying these fingerprints prints it.
+    let base_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench/base.json");
+    let mut base = civetta::bench::cli::load_report(&base_path).unwrap();
+    let mut new = base.clone();
+    base.fingerprint = a.to_json();
+    new.fingerprint = b.to_json();
+    let text = civetta::bench::compare::compare(&base, &new).text;
+    assert!(text.contains("WARNING: confounded") && text.contains("(IOMMU mode, power profile)"), "{text}");
+    // Only the IOMMU mode changed: the difference is attributable, no warning.
+    let mut fields = b.fields.clone();
+    fields.iter_mut().filter(|f| f.key == "host.power_profile").for_each(|f| f.value = "performance".into());
+    new.fingerprint = civetta::envinfo::Fingerprint::from_fields(fields).to_json();
+    let text = civetta::bench::compare::compare(&base, &new).text;
+    assert!(!text.contains("confounded") && text.contains("iommu mode: passthrough vs off"), "{text}");
+}

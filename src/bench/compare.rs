@@ -57,7 +57,8 @@ pub fn fingerprint_diff(a: &serde_json::Value, b: &serde_json::Value) -> Vec<(St
     out
 }
 
-fn verdict(base: &TestResult, new: &TestResult) -> String {
+/// `within noise` when the mean ± stddev ranges overlap, else the change in percent.
+pub fn verdict(base: &TestResult, new: &TestResult) -> String {
     let (lo_a, hi_a) = (base.mean_tps - base.stddev_tps, base.mean_tps + base.stddev_tps);
     let (lo_b, hi_b) = (new.mean_tps - new.stddev_tps, new.mean_tps + new.stddev_tps);
     if lo_a <= hi_b && lo_b <= hi_a {
@@ -105,6 +106,10 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
         s.push('\n');
     }
     let diff = fingerprint_diff(&base.fingerprint, &new.fingerprint);
+    // One variable at a time: a difference between runs that changed two factors belongs to neither.
+    if let Some(w) = crate::envinfo::factors::confounding_warning(&crate::envinfo::factors::differing_factors(&diff)) {
+        let _ = writeln!(s, "{w}\n");
+    }
     if diff.is_empty() {
         s += "environment: identical fingerprints\n\n";
     } else {

@@ -140,7 +140,11 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
             Some((lo, hi)) => Field::new(key("sclk_range_mhz"), format!("{lo}-{hi}"), src("pp_dpm_sclk")),
             None => Field::unknown(key("sclk_range_mhz"), format!("{} (not readable)", src("pp_dpm_sclk"))),
         });
-        for (file, name) in [("mem_info_vram_total", "vram_total_bytes"), ("mem_info_gtt_total", "gtt_total_bytes")] {
+        for (file, name) in [
+            ("mem_info_vram_total", "vram_total_bytes"),
+            ("mem_info_gtt_total", "gtt_total_bytes"),
+            ("mem_info_gtt_used", "gtt_used_bytes"),
+        ] {
             out.push(match read_trimmed(&dev(file)).filter(|v| v.parse::<u64>().is_ok()) {
                 Some(v) => Field::new(key(name), v, src(file)),
                 None => Field::unknown(key(name), format!("{} (not readable)", src(file))),
@@ -149,6 +153,16 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         out.push(match read_trimmed(&dev("power_dpm_force_performance_level")) {
             Some(v) if !v.is_empty() => Field::new(key("perf_level"), v, src("power_dpm_force_performance_level")),
             _ => Field::unknown(key("perf_level"), format!("{} (not readable)", src("power_dpm_force_performance_level"))),
+        });
+        out.push(match read_trimmed(&dev("pp_power_profile_mode")).map(|t| active_power_profile(&t)) {
+            Some(Some(mode)) => Field::new(key("power_profile_mode"), mode, format!("{} (line marked *)", src("pp_power_profile_mode"))),
+            Some(None) => Field::unknown(key("power_profile_mode"), format!("{} (no line marked *)", src("pp_power_profile_mode"))),
+            None => Field::unknown(key("power_profile_mode"), format!("{} (not readable)", src("pp_power_profile_mode"))),
+        });
+        out.push(firmware_field(p, card, &key("firmware")));
+        out.push(match read_trimmed(&dev("vbios_version")).filter(|v| !v.is_empty()) {
+            Some(v) => Field::new(key("vbios"), v, src("vbios_version")),
+            None => Field::unknown(key("vbios"), format!("{} (not readable)", src("vbios_version"))),
         });
 
         // The KFD node of this card.
@@ -227,6 +241,44 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
     });
     out.extend(kernel_params(p));
     out
+}
+
+/// The active workload profile of a `pp_power_profile_mode` file: the name on the line whose
+/// name ends with `*`. The layouts differ by SMU generation (`  1 3D_FULL_SCREEN*:` with a
+/// table below it, ` 5        COMPUTE*` on APUs); only the `index name[*]` lines matter.
+pub(crate) fn active_power_profile(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let line = line.trim_start();
+        let (index, rest) = line.split_once(char::is_whitespace)?;
+        index.parse::<u32>().ok()?;
+        let head = rest.split(':').next()?.trim();
+        head.strip_suffix('*').map(|name| name.trim().to_string()).filter(|n| !n.is_empty())
+    })
+}
+
+/// The versions of the firmware amdgpu loaded (`device/fw_version/<name>_fw_version`, world
+/// readable, unlike debugfs's amdgpu_firmware_info), one `name=version` list so that a
+/// firmware update shows up as one changed field.
+fn firmware_field(p: &Probe, card: &str, key: &str) -> Field {
+    let rel = format!("class/drm/{card}/device/fw_version");
+    let source = format!("/sys/{rel}/*_fw_version");
+    let Some(files) = list_dir(&p.sys(&rel)) else {
+        return Field::unknown(key, format!("{source} (not readable)"));
+    };
+    let mut versions: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let name = f.strip_suffix("_fw_version")?;
+            let v = read_trimmed(&p.sys(&format!("{rel}/{f}")))?;
+            Some(format!("{name}={v}"))
+        })
+        .collect();
+    versions.sort();
+    if versions.is_empty() {
+        Field::unknown(key, format!("{source} (no readable version files)"))
+    } else {
+        Field::new(key, versions.join(","), source)
+    }
 }
 
 fn gpu_name(p: &Probe, card: &str, vendor: Option<&str>, device: Option<&str>, key: &str) -> Field {
@@ -324,6 +376,20 @@ mod tests {
         assert_eq!(cur, Some(1200));
         assert_eq!(range, Some((600, 2900)));
         assert_eq!(parse_dpm("garbage"), (None, None));
+    }
+
+    #[test]
+    fn power_profile_mode_layouts() {
+        // APU (SMU 11/14): name and marker on one line.
+        let apu = " 0 BOOTUP_DEFAULT \n 1 3D_FULL_SCREEN \n 2   POWER_SAVING \n 5        COMPUTE*\n 6         CUSTOM \n";
+        assert_eq!(active_power_profile(apu).as_deref(), Some("COMPUTE"));
+        // dGPU (SMU 13): a header, `index name*:` lines and indented clock rows.
+        let dgpu = "PROFILE_INDEX(NAME) CLOCK_TYPE(NAME) FPS MinActiveFreqType\n 0 BOOTUP_DEFAULT*:\n                  0(       GFXCLK)       0       5\n 1 3D_FULL_SCREEN :\n";
+        assert_eq!(active_power_profile(dgpu).as_deref(), Some("BOOTUP_DEFAULT"));
+        // Vega: `NUM MODE_NAME ...` header, values after the colon.
+        let vega = "NUM        MODE_NAME BUSY_SET_POINT FPS\n  0 BOOTUP_DEFAULT :    70  60\n  1 3D_FULL_SCREEN*:    70  60\n";
+        assert_eq!(active_power_profile(vega).as_deref(), Some("3D_FULL_SCREEN"));
+        assert_eq!(active_power_profile(" 0 BOOTUP_DEFAULT\n"), None);
     }
 
     #[test]

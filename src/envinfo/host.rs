@@ -1,16 +1,21 @@
-//! Host facts: kernel, command line, OS, CPU, memory, frequency governor, power profile.
+//! Host facts: kernel, command line, OS, CPU, memory, and the power and memory settings that
+//! move benchmark results without changing anything else (frequency governor and
+//! energy-performance preference, platform power profile, transparent huge pages).
 
 use super::{read_trimmed, Field, Probe};
 use std::collections::BTreeSet;
 
 pub(crate) fn collect(p: &Probe) -> Vec<Field> {
-    let mut out = Vec::new();
-    out.push(file_field(p.proc("sys/kernel/osrelease"), "host.kernel_release", "/proc/sys/kernel/osrelease"));
-    out.push(match &p.cmdline {
-        Some(c) => Field::new("host.cmdline", c.clone(), "/proc/cmdline"),
-        None => Field::unknown("host.cmdline", "/proc/cmdline (not readable)"),
-    });
-    out.push(os_field(p, "etc/os-release", "host.os", "/etc/os-release PRETTY_NAME"));
+    let mut out = vec![
+        file_field(p.proc("sys/kernel/osrelease"), "host.kernel_release", "/proc/sys/kernel/osrelease"),
+        // The build stamp (`#1 SMP PREEMPT_DYNAMIC <date>`): two builds of one release differ here.
+        file_field(p.proc("sys/kernel/version"), "host.kernel_version", "/proc/sys/kernel/version"),
+        match &p.cmdline {
+            Some(c) => Field::new("host.cmdline", c.clone(), "/proc/cmdline"),
+            None => Field::unknown("host.cmdline", "/proc/cmdline (not readable)"),
+        },
+        os_field(p, "etc/os-release", "host.os", "/etc/os-release PRETTY_NAME"),
+    ];
     // Inside toolbox/distrobox the host's root is mounted at /run/host: the OS outside.
     if p.run("host/etc/os-release").exists() {
         out.push(os_field(p, "run/host/etc/os-release", "host.outer_os", "/run/host/etc/os-release PRETTY_NAME"));
@@ -22,8 +27,45 @@ pub(crate) fn collect(p: &Probe) -> Vec<Field> {
         "host.governor",
         "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
     ));
+    // amd-pstate-epp / intel_pstate in active mode ignore most of the governor and follow
+    // the energy-performance preference instead, so both are recorded, with the driver.
+    out.push(file_field(
+        p.sys("devices/system/cpu/cpu0/cpufreq/energy_performance_preference"),
+        "host.energy_perf_preference",
+        "/sys/devices/system/cpu/cpu0/cpufreq/energy_performance_preference",
+    ));
+    out.push(file_field(
+        p.sys("devices/system/cpu/cpu0/cpufreq/scaling_driver"),
+        "host.cpufreq_driver",
+        "/sys/devices/system/cpu/cpu0/cpufreq/scaling_driver",
+    ));
     out.push(file_field(p.sys("firmware/acpi/platform_profile"), "host.power_profile", "/sys/firmware/acpi/platform_profile"));
+    for (file, key) in [("enabled", "host.thp"), ("defrag", "host.thp_defrag")] {
+        out.push(bracketed_field(
+            p.sys(&format!("kernel/mm/transparent_hugepage/{file}")),
+            key,
+            &format!("/sys/kernel/mm/transparent_hugepage/{file}"),
+        ));
+    }
     out
+}
+
+/// A sysfs choice file such as `always [madvise] never`: the bracketed (active) choice.
+fn bracketed_field(path: std::path::PathBuf, key: &str, source: &str) -> Field {
+    match read_trimmed(&path) {
+        Some(text) => match bracketed_choice(&text) {
+            Some(v) => Field::new(key, v, format!("{source} [selected]")),
+            None => Field::unknown(key, format!("{source} (no [selected] choice in {text:?})")),
+        },
+        None => Field::unknown(key, format!("{source} (not readable)")),
+    }
+}
+
+/// `always [madvise] never` -> `madvise`.
+pub(crate) fn bracketed_choice(text: &str) -> Option<String> {
+    let start = text.find('[')? + 1;
+    let len = text[start..].find(']')?;
+    Some(text[start..start + len].trim().to_string()).filter(|v| !v.is_empty())
 }
 
 fn file_field(path: std::path::PathBuf, key: &str, source: &str) -> Field {
@@ -154,5 +196,13 @@ mod tests {
         assert_eq!(os_release_value(t, "PRETTY_NAME").as_deref(), Some("Fedora Linux 43 (Workstation Edition)"));
         assert_eq!(os_release_value(t, "ID").as_deref(), Some("fedora"));
         assert_eq!(os_release_value(t, "VERSION_ID"), None);
+    }
+
+    #[test]
+    fn bracketed_choices() {
+        assert_eq!(bracketed_choice("always [madvise] never").as_deref(), Some("madvise"));
+        assert_eq!(bracketed_choice("[always] defer defer+madvise madvise never").as_deref(), Some("always"));
+        assert_eq!(bracketed_choice("always madvise never"), None);
+        assert_eq!(bracketed_choice("[]"), None);
     }
 }

@@ -8,21 +8,28 @@
 //! the `civetta_environment_info` gauge ([`Fingerprint::info_labels`]) and `civetta bench` /
 //! `civetta compare`, which embed [`Fingerprint::to_json`] and print [`Fingerprint::diff`].
 //!
+//! Which fields are factors that can move a benchmark result (and so must not change two at a
+//! time in a comparison) is [`factors`]' business.
+//!
 //! Field keys are dotted; the order of `fields` is stable (host, cpu, iommu, container,
 //! toolchain, gpu, kernel parameters, extra):
 //!
 //! | keys | from |
 //! |---|---|
-//! | `host.kernel_release`, `host.cmdline`, `host.os`, `host.outer_os` (toolbox/distrobox only), `host.memory_total_bytes`, `host.governor`, `host.power_profile` | /proc, /etc/os-release, /run/host/etc/os-release, /sys |
+//! | `host.kernel_release`, `host.kernel_version`, `host.cmdline`, `host.os`, `host.outer_os` (toolbox/distrobox only), `host.memory_total_bytes` | /proc/sys/kernel/{osrelease,version}, /proc/cmdline, /etc/os-release, /run/host/etc/os-release, /proc/meminfo |
+//! | `host.governor`, `host.energy_perf_preference`, `host.cpufreq_driver` | /sys/devices/system/cpu/cpu0/cpufreq/{scaling_governor,energy_performance_preference,scaling_driver} |
+//! | `host.power_profile` | /sys/firmware/acpi/platform_profile |
+//! | `host.thp`, `host.thp_defrag` | /sys/kernel/mm/transparent_hugepage/{enabled,defrag} (the `[selected]` choice) |
 //! | `cpu.model`, `cpu.logical_cpus`, `cpu.cores`, `cpu.simd` | /proc/cpuinfo; the SIMD level detected at run time |
 //! | `iommu.hardware`, `iommu.group_count`, `iommu.domain_types`, `iommu.cmdline`, `iommu.mode`, `iommu.evidence` | see `iommu.rs` for the precedence |
 //! | `container.type`, `container.evidence`, `container.{engine,name,id,rootless}`, `container.image`, `container.image_{revision,version,created}`, `container.label.<name>` | see `container.rs` |
 //! | `civetta.{version,git_sha,rustc}`, `toolchain.kernel_compiler`, `toolchain.hip_runtime`, `toolchain.rocm_installed`, `toolchain.backend` | build provenance, compiler.txt, the HIP backend, /opt/rocm/.info/version |
-//! | `gpu.count`, `gpu.arch`, `gpu.N.{card,vendor,device_id,name,driver,sclk_mhz,sclk_range_mhz,vram_total_bytes,gtt_total_bytes,perf_level,arch,kfd_node,simd_count,array_count,compute_units}`, `gpu.dev_kfd`, `gpu.dev_dri_render` | /sys/class/drm, /sys/class/kfd, /dev |
+//! | `gpu.count`, `gpu.arch`, `gpu.N.{card,vendor,device_id,name,driver,sclk_mhz,sclk_range_mhz,vram_total_bytes,gtt_total_bytes,gtt_used_bytes,perf_level,power_profile_mode,firmware,vbios,arch,kfd_node,simd_count,array_count,compute_units}`, `gpu.dev_kfd`, `gpu.dev_dri_render` | /sys/class/drm (`perf_level`: power_dpm_force_performance_level, `power_profile_mode`: the `*` line of pp_power_profile_mode, `firmware`: fw_version/*_fw_version, `vbios`: vbios_version), /sys/class/kfd, /dev |
 //! | `kparam.{amdgpu.gttsize,ttm.pages_limit,ttm.page_pool_size}` and each `.cmdline` | /sys/module/*/parameters, /proc/cmdline |
 
 pub mod cli;
 mod container;
+pub mod factors;
 pub(crate) mod gpu;
 mod host;
 mod iommu;
@@ -345,8 +352,13 @@ impl Fingerprint {
         out
     }
 
-    /// Low-cardinality labels for the `civetta_environment_info{...} 1` gauge.
+    /// Low-cardinality labels for the `civetta_environment_info{...} 1` gauge: the build and
+    /// the settings a dashboard needs to tell two machines' numbers apart (power profile,
+    /// CPU governor, the first GPU's performance level and GTT size, kernel, huge pages).
     pub fn info_labels(&self) -> Vec<(String, String)> {
+        let field = |k: &str| self.get(k).unwrap_or(UNKNOWN).to_string();
+        let (power_profile, governor, epp) = (field("host.power_profile"), field("host.governor"), field("host.energy_perf_preference"));
+        let (gpu_perf, gtt, thp) = (field("gpu.0.perf_level"), field("gpu.0.gtt_total_bytes"), field("host.thp"));
         [
             ("version", &self.version),
             ("git_sha", &self.git_sha),
@@ -357,6 +369,13 @@ impl Fingerprint {
             ("container", &self.container),
             ("gpu_arch", &self.gpu_arch),
             ("image", &self.image),
+            ("kernel", &self.kernel_release),
+            ("power_profile", &power_profile),
+            ("governor", &governor),
+            ("epp", &epp),
+            ("gpu_perf_level", &gpu_perf),
+            ("gtt_total_bytes", &gtt),
+            ("thp", &thp),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), if v.is_empty() { UNKNOWN.to_string() } else { v.clone() }))
@@ -393,7 +412,7 @@ impl Fingerprint {
 /// Keys whose value changes between two runs on the same machine and setup (the current
 /// GPU clock, the container's generated name and id): `compare` may leave them out.
 pub fn is_volatile(key: &str) -> bool {
-    key_matches("gpu.*.sclk_mhz", key) || key == "container.id" || key == "container.name"
+    key_matches("gpu.*.sclk_mhz", key) || key_matches("gpu.*.gtt_used_bytes", key) || key == "container.id" || key == "container.name"
 }
 
 /// Relevance of a key in a diff: lower comes first. Patterns match dotted segments, `*`
@@ -421,6 +440,13 @@ fn diff_rank(key: &str) -> usize {
         "host.memory_total_bytes",
         "host.power_profile",
         "host.governor",
+        "host.energy_perf_preference",
+        "gpu.*.power_profile_mode",
+        "gpu.*.perf_level",
+        "gpu.*.gtt_total_bytes",
+        "gpu.*.firmware",
+        "host.kernel_version",
+        "host.thp",
         "gpu.**",
         "host.**",
         "iommu.**",
@@ -431,7 +457,7 @@ fn diff_rank(key: &str) -> usize {
     ORDER.iter().position(|p| key_matches(p, key)).unwrap_or(ORDER.len())
 }
 
-fn key_matches(pattern: &str, key: &str) -> bool {
+pub(crate) fn key_matches(pattern: &str, key: &str) -> bool {
     let mut k = key.split('.');
     for p in pattern.split('.') {
         if p == "**" {
