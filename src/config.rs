@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub grpc_addr: String,
     /// Prometheus `/metrics` listen address.
     pub metrics_addr: String,
+    /// OpenAI-compatible HTTP API listen address; empty disables it.
+    pub http_addr: String,
     /// Largest accepted gRPC request message in bytes.
     pub max_message_bytes: usize,
     /// File holding a bearer token; when set, every RPC except health checks needs it.
@@ -82,6 +84,7 @@ impl Default for Config {
             server: ServerConfig {
                 grpc_addr: "127.0.0.1:50051".into(),
                 metrics_addr: "127.0.0.1:9464".into(),
+                http_addr: "127.0.0.1:8080".into(),
                 max_message_bytes: 4 << 20,
                 auth_token_file: None,
                 auth_token_env: None,
@@ -168,6 +171,14 @@ impl Config {
         let metrics = parse_addr("server.metrics_addr", &s.metrics_addr)?;
         if grpc == metrics && grpc.port() != 0 {
             bail!("server.grpc_addr and server.metrics_addr are both {grpc}; they need different ports");
+        }
+        if !s.http_addr.is_empty() {
+            let http = parse_addr("server.http_addr", &s.http_addr)?;
+            for (name, other) in [("server.grpc_addr", grpc), ("server.metrics_addr", metrics)] {
+                if http == other && http.port() != 0 {
+                    bail!("server.http_addr and {name} are both {http}; they need different ports");
+                }
+            }
         }
         if !(1024..=MAX_MESSAGE_BYTES_LIMIT).contains(&s.max_message_bytes) {
             bail!("server.max_message_bytes must be between 1024 and {MAX_MESSAGE_BYTES_LIMIT}, got {}", s.max_message_bytes);
@@ -292,6 +303,8 @@ mod tests {
                 ("[engine.kernel_timing]\nsample_rate = 1.5\n", &["sample_rate", "1.5"]),
                 ("[engine]\nmax_active_sequences = 0\n", &["max_active_sequences"]),
                 ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nmetrics_addr = \"127.0.0.1:7000\"\n", &["different ports"]),
+                ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nhttp_addr = \"127.0.0.1:7000\"\n", &["server.http_addr", "different ports"]),
+                ("[server]\nhttp_addr = \"8080\"\n", &["server.http_addr"]),
                 ("[server]\nmax_message_bytes = 10\n", &["max_message_bytes"]),
                 ("[server]\nauth_token_file = \"t\"\nauth_token_env = \"T\"\n", &["only one"]),
                 ("[server]\nshutdown_grace_seconds = -1.0\n", &["shutdown_grace_seconds"]),
@@ -319,7 +332,7 @@ mod tests {
     fn default_binds_loopback_and_is_valid() {
         let c = Config::default();
         c.validate().unwrap();
-        for a in [&c.server.grpc_addr, &c.server.metrics_addr] {
+        for a in [&c.server.grpc_addr, &c.server.metrics_addr, &c.server.http_addr] {
             assert!(a.parse::<SocketAddr>().unwrap().ip().is_loopback(), "{a}");
         }
     }

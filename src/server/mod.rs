@@ -1,9 +1,10 @@
-//! The daemon: the gRPC service (tonic) with health and reflection, the Prometheus
+//! The daemon: the gRPC service (tonic) with health and reflection, the OpenAI-compatible
+//! HTTP API (axum, [`http`]), the Prometheus
 //! endpoint (axum, its own port), bearer-token auth, graceful shutdown.
 //!
 //! `civetta serve` = [`serve`]: load config -> load the engine (errors here are user
 //! errors: one line, exit 2) -> bind both ports -> print
-//! `civetta: listening grpc=ADDR metrics=ADDR` on stderr -> serve until SIGTERM/SIGINT.
+//! `civetta: listening grpc=ADDR metrics=ADDR http=ADDR|off` on stderr -> serve until SIGTERM/SIGINT.
 
 // tonic::Status is large, and it is the error type of every RPC.
 #![allow(clippy::result_large_err)]
@@ -11,6 +12,7 @@
 pub mod auth;
 pub mod convert;
 pub mod grpc;
+pub mod http;
 pub mod metrics;
 pub mod tokenize_pool;
 pub mod transport_status;
@@ -43,6 +45,9 @@ pub struct ServeArgs {
     /// Prometheus /metrics listen address; port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// OpenAI-compatible HTTP API listen address; port 0 picks a free port, "" disables it.
+    #[arg(long, value_name = "ADDR")]
+    pub http_addr: Option<String>,
     /// CPU threads (0 = all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -79,6 +84,7 @@ impl ServeArgs {
         put("model.path", self.model.as_ref().map(|v| json!(v)));
         put("server.grpc_addr", self.grpc_addr.as_ref().map(|v| json!(v)));
         put("server.metrics_addr", self.metrics_addr.as_ref().map(|v| json!(v)));
+        put("server.http_addr", self.http_addr.as_ref().map(|v| json!(v)));
         put("engine.threads", self.threads.map(|v| json!(v)));
         put("engine.max_active_sequences", self.max_active.map(|v| json!(v)));
         put("engine.max_queue", self.max_queue.map(|v| json!(v)));
@@ -121,6 +127,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 pub struct Bound {
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
+    /// None when the HTTP API is disabled (`server.http_addr = ""`).
+    pub http: Option<SocketAddr>,
 }
 
 /// Serves `engine` until `stop` completes, then shuts down gracefully: health goes
@@ -139,7 +147,15 @@ pub async fn run(
     let metrics_listener = tokio::net::TcpListener::bind(&cfg.server.metrics_addr)
         .await
         .with_context(|| format!("cannot listen for metrics on {}", cfg.server.metrics_addr))?;
-    let bound = Bound { grpc: grpc_listener.local_addr()?, metrics: metrics_listener.local_addr()? };
+    let http_listener = match cfg.server.http_addr.as_str() {
+        "" => None,
+        addr => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for HTTP on {addr}"))?),
+    };
+    let bound = Bound {
+        grpc: grpc_listener.local_addr()?,
+        metrics: metrics_listener.local_addr()?,
+        http: http_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+    };
 
     let info = engine.model_info().clone();
     let fingerprint = Arc::new(crate::envinfo::collect(&crate::envinfo::CollectOptions::system(info.backend.clone())));
@@ -177,11 +193,25 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), stop_rx.clone()));
-
-    eprintln!("civetta: listening grpc={} metrics={}", bound.grpc, bound.metrics);
-    tracing::info!(grpc = %bound.grpc, metrics = %bound.metrics, model = %info.path.display(), name = %model_name, backend = %info.backend, auth = token.is_enabled(), "serving");
-
     let grace = Duration::from_secs_f64(cfg.server.shutdown_grace_seconds);
+    let http_task = http_listener.map(|listener| {
+        let state = Arc::new(http::HttpState {
+            engine: engine.clone(),
+            metrics: metrics.clone(),
+            token: token.clone(),
+            model_name: model_name.clone(),
+            max_body_bytes: max,
+            stop: stop_rx.clone(),
+            draining: draining.clone(),
+            generating: Default::default(),
+        });
+        tokio::spawn(http::serve(listener, state, grace, FORCE_CLOSE_AFTER_GRACE))
+    });
+
+    let http_shown = bound.http.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
+    eprintln!("civetta: listening grpc={} metrics={} http={http_shown}", bound.grpc, bound.metrics);
+    tracing::info!(grpc = %bound.grpc, metrics = %bound.metrics, http = %http_shown, model = %info.path.display(), name = %model_name, backend = %info.backend, auth = token.is_enabled(), "serving");
+
     let shutdown_engine = engine.clone();
     let shutdown = async move {
         stop.await;
@@ -222,6 +252,9 @@ pub async fn run(
     tokio::select! {
         r = server => r.context("gRPC server")?,
         _ = forced => tracing::warn!("connections still open after the grace period; closing them"),
+    }
+    if let Some(t) = http_task {
+        let _ = t.await;
     }
     let _ = metrics_task.await;
     tracing::info!("stopped");
