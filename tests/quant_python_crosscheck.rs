@@ -3,7 +3,7 @@
 //!
 //! (a) every supported type: our quantize_row bytes, dequantised by python, equal our
 //!     dequantize_row bit for bit;
-//! (b) types python can quantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1): python's bytes,
+//! (b) types python can quantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): python's bytes,
 //!     dequantised by us, equal python's dequantisation bit for bit;
 //! (c) for those types python's quantised bytes equal ours byte for byte (same reference
 //!     algorithms as ggml's quantize_row_*_ref).
@@ -16,19 +16,22 @@ use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SUPPORTED: [GgmlType; 9] = [
+const SUPPORTED: [GgmlType; 11] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
-const PYTHON_QUANTIZES: [GgmlType; 6] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+const PYTHON_QUANTIZES: [GgmlType; 8] =
+    [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1];
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/quant_crosscheck.py")

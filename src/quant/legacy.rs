@@ -4,7 +4,9 @@
 //!
 //! Layouts (little endian): Q8_0 = f16 d, 32 x i8; Q4_0 = f16 d, 16 bytes of nibbles;
 //! Q4_1 = f16 d, f16 m, 16 bytes of nibbles. Nibble j of a 4-bit block holds element j in its
-//! low half and element j + 16 in its high half.
+//! low half and element j + 16 in its high half. Q5_0 = f16 d, u32 qh, 16 bytes of nibbles;
+//! Q5_1 = f16 d, f16 m, u32 qh, 16 bytes of nibbles: bit j of qh is the fifth (value 16) bit
+//! of element j. Q5_0 values are d * (q - 16), Q5_1 values d * q + m (q in 0..=31).
 
 use super::float::{f16_at, f32_to_f16};
 
@@ -13,6 +15,8 @@ pub(crate) const Q8_0_BYTES: usize = 34;
 pub(crate) const Q4_0_BYTES: usize = 18;
 pub(crate) const Q4_1_BYTES: usize = 20;
 pub(crate) const Q8_1_BYTES: usize = 36;
+pub(crate) const Q5_0_BYTES: usize = 22;
+pub(crate) const Q5_1_BYTES: usize = 24;
 
 /// `y.round_ties_even()` for |y| < 2^22 (and NaN stays NaN): adding and removing 1.5 * 2^23
 /// leaves y rounded to an integer by the FPU's round-to-nearest-even. Why not
@@ -196,6 +200,118 @@ pub(crate) fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
             let (a0, a1) = (ba[4 + j] as i8 as i32, ba[4 + QK / 2 + j] as i8 as i32);
             s += (q & 0xF) as i32 * a0 + (q >> 4) as i32 * a1;
         }
+        sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
+        summs += f16_at(bw, 2) * f16_at(ba, 2);
+    }
+    sum + summs
+}
+
+/// The 32 five-bit levels (0..=31) of a Q5_0/Q5_1 block: `qh` is the little-endian u32 of
+/// high bits, `qs` the 16 nibble bytes.
+#[inline(always)]
+fn levels_5bit(qh: &[u8], qs: &[u8]) -> [u8; QK] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = (qs[j] & 0xF) | ((((h >> j) & 1) as u8) << 4);
+        q[j + QK / 2] = (qs[j] >> 4) | ((((h >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
+/// Packs 32 five-bit levels into qh (4 bytes) and qs (16 bytes).
+fn pack_5bit(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
+    let mut h = 0u32;
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0xF) | ((q[j + QK / 2] & 0xF) << 4);
+        h |= (((q[j] & 0x10) >> 4) as u32) << j;
+        h |= (((q[j + QK / 2] & 0x10) >> 4) as u32) << (j + 16);
+    }
+    qh.copy_from_slice(&h.to_le_bytes());
+}
+
+/// ggml's quantize_row_q5_0_ref: d = max / -16 where max is the value of largest magnitude,
+/// q = min(31, trunc(x/d + 16.5)).
+pub(crate) fn quantize_q5_0(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_0_BYTES)) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in xb {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let mut q = [0u8; QK];
+        for (qi, &v) in q.iter_mut().zip(xb) {
+            // C: MIN(31, (int8_t)(x0 + 16.5f)); the cast truncates toward zero.
+            *qi = ((v * id + 16.5) as i8).min(31) as u8;
+        }
+        let (qh, qs) = b[2..].split_at_mut(4);
+        pack_5bit(&q, qh, qs);
+    }
+}
+
+/// ggml's quantize_row_q5_1_ref: d = (max - min)/31, m = min, q = trunc((x - min)/d + 0.5).
+pub(crate) fn quantize_q5_1(x: &[f32], dst: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_1_BYTES)) {
+        let (mut min, mut max) = (xb[0], xb[0]);
+        for &v in &xb[1..] {
+            min = min.min(v);
+            max = max.max(v);
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        b[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+        let mut q = [0u8; QK];
+        for (qi, &v) in q.iter_mut().zip(xb) {
+            // C: (uint8_t)(x0 + 0.5f); x0 >= 0, and at most 31.5 so the result stays 5-bit.
+            *qi = (((v - min) * id + 0.5) as u8).min(31);
+        }
+        let (qh, qs) = b[4..].split_at_mut(4);
+        pack_5bit(&q, qh, qs);
+    }
+}
+
+pub(crate) fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q5_0_BYTES)) {
+        let d = f16_at(b, 0);
+        for (v, q) in y.iter_mut().zip(levels_5bit(&b[2..6], &b[6..])) {
+            *v = (q as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(Q5_1_BYTES)) {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for (v, q) in y.iter_mut().zip(levels_5bit(&b[4..8], &b[8..])) {
+            *v = q as f32 * d + m;
+        }
+    }
+}
+
+/// As ggml_vec_dot_q5_0_q8_0's generic code: exact integer sum per block, scaled by d_w * d_a.
+pub(crate) fn dot_q5_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0f32;
+    for (bw, ba) in w.chunks_exact(Q5_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let q = levels_5bit(&bw[2..6], &bw[6..]);
+        let s: i32 = q.iter().zip(&ba[2..]).map(|(&x, &y)| (x as i32 - 16) * (y as i8 as i32)).sum();
+        sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
+    }
+    sum
+}
+
+/// As ggml_vec_dot_q5_1_q8_1: d_w*d_a*sum(q*a) per block, plus m*s (s = d_a * sum(a) from the
+/// Q8_1 block), the m*s terms summed apart and added at the end like `dot_q4_1`.
+pub(crate) fn dot_q5_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (mut sum, mut summs) = (0f32, 0f32);
+    for (bw, ba) in w.chunks_exact(Q5_1_BYTES).zip(a.chunks_exact(Q8_1_BYTES)).take(n / QK) {
+        let q = levels_5bit(&bw[4..8], &bw[8..]);
+        let s: i32 = q.iter().zip(&ba[4..]).map(|(&x, &y)| x as i32 * (y as i8 as i32)).sum();
         sum += s as f32 * (f16_at(bw, 0) * f16_at(ba, 0));
         summs += f16_at(bw, 2) * f16_at(ba, 2);
     }

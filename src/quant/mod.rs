@@ -9,7 +9,7 @@
 //! (`simd_level`), with the scalar reference code (also used by the tests) as fallback.
 //! AMX is never used.
 //!
-//! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
+//! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 
 mod float;
 mod k_quants;
@@ -47,7 +47,7 @@ impl ActFormat {
 /// Whether dequantize/quantize/vec_dot support this weight type.
 pub fn supports(t: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(t, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K)
+    matches!(t, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
 }
 
 /// The activation format a weight type's dot product consumes (ggml's vec_dot_type, except
@@ -247,6 +247,8 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> anyhow::Resul
         GgmlType::Q8_0 => legacy::dequantize_q8_0(src, dst),
         GgmlType::Q4_0 => legacy::dequantize_q4_0(src, dst),
         GgmlType::Q4_1 => legacy::dequantize_q4_1(src, dst),
+        GgmlType::Q5_0 => legacy::dequantize_q5_0(src, dst),
+        GgmlType::Q5_1 => legacy::dequantize_q5_1(src, dst),
         GgmlType::Q4_K => k_quants::dequantize_q4_k(src, dst),
         GgmlType::Q5_K => k_quants::dequantize_q5_k(src, dst),
         GgmlType::Q6_K => k_quants::dequantize_q6_k(src, dst),
@@ -256,7 +258,7 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> anyhow::Resul
 }
 
 /// Quantises a row of f32 into weight type t (deterministic; used to write test models).
-/// Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K use ggml's reference quantisers; F16/BF16 round to
+/// Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K use ggml's reference quantisers; F16/BF16 round to
 /// nearest even.
 pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<()> {
     check_row(t, src.len(), dst.len())?;
@@ -267,6 +269,8 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
         GgmlType::Q8_0 => legacy::quantize_q8_0(src, dst),
         GgmlType::Q4_0 => legacy::quantize_q4_0(src, dst),
         GgmlType::Q4_1 => legacy::quantize_q4_1(src, dst),
+        GgmlType::Q5_0 => legacy::quantize_q5_0(src, dst),
+        GgmlType::Q5_1 => legacy::quantize_q5_1(src, dst),
         GgmlType::Q4_K => k_quants::quantize_q4_k(src, dst),
         GgmlType::Q5_K => k_quants::quantize_q5_k(src, dst),
         GgmlType::Q6_K => k_quants::quantize_q6_k(src, dst),

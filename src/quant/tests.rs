@@ -6,19 +6,21 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const TYPES: [GgmlType; 9] = [
+const TYPES: [GgmlType; 11] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
-const UNSUPPORTED: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q8_K];
+const UNSUPPORTED: [GgmlType; 4] = [GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q8_K];
 
 fn quantize(t: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; t.row_bytes(x.len()).unwrap()];
@@ -80,6 +82,8 @@ fn rms_bound(t: GgmlType) -> f64 {
         GgmlType::Q4_K => 0.155,
         GgmlType::Q4_1 => 0.165,
         GgmlType::Q4_0 => 0.235,
+        GgmlType::Q5_1 => 0.085,
+        GgmlType::Q5_0 => 0.12,
         other => unreachable!("{other}"),
     }
 }
@@ -92,7 +96,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn roundtrip_relative_rms_error_is_bounded(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..9) {
+    fn roundtrip_relative_rms_error_is_bounded(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..TYPES.len()) {
         let t = TYPES[ti];
         let x = data(seed, 256 * blocks);
         let y = dequantize(t, &quantize(t, &x), x.len());
@@ -137,7 +141,7 @@ proptest! {
     /// vec_dot equals the f64 dot of the dequantised rows (weights via dequantize_row,
     /// activations via dequantize_act_row), at every level this CPU has.
     #[test]
-    fn vec_dot_matches_dequantized_dot(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..9) {
+    fn vec_dot_matches_dequantized_dot(seed in any::<u64>(), blocks in 1usize..5, ti in 0usize..TYPES.len()) {
         let t = TYPES[ti];
         let n = 256 * blocks;
         let wq = quantize(t, &data(seed, n));
@@ -146,10 +150,10 @@ proptest! {
         let (wd, ad) = (dequantize(t, &wq, n), dequantize_act(fmt, &aq, n));
         let reference: f64 = wd.iter().zip(&ad).map(|(a, b)| *a as f64 * *b as f64).sum();
         let magnitude: f64 = wd.iter().zip(&ad).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-        // Q8_1 (Q4_1's activations) carries s = da*sum(a) rounded to f16, which the dot uses
+        // Q8_1 (Q4_1's and Q5_1's activations) carries s = da*sum(a) rounded to f16, which the dot uses
         // for the m*s terms: allow half an f16 ulp (2^-11 relative) of each |m*s|.
         let s_rounding: f64 = if fmt == ActFormat::Q8_1 {
-            wq.chunks_exact(20).zip(aq.chunks_exact(36)).map(|(w, a)| {
+            wq.chunks_exact(t.type_size()).zip(aq.chunks_exact(36)).map(|(w, a)| {
                 let m = f16_to_f32(u16::from_le_bytes([w[2], w[3]])) as f64;
                 let s = f16_to_f32(u16::from_le_bytes([a[2], a[3]])) as f64;
                 (m * s).abs() / 2048.0
@@ -208,8 +212,8 @@ fn random_weight_row(t: GgmlType, n: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
         _ => r.fill(&mut row[..]),
     }
     let scale_offsets: &[usize] = match t {
-        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => unreachable!(),
     };
@@ -403,9 +407,9 @@ fn unsupported_types_and_bad_lengths_are_clear_errors() {
 }
 
 #[test]
-#[should_panic(expected = "unsupported tensor type q5_0")]
+#[should_panic(expected = "unsupported tensor type q2_K")]
 fn vec_dot_on_an_unsupported_type_panics_with_a_clear_message() {
-    vec_dot(GgmlType::Q5_0, &[0u8; 22], &[0u8; 34], 32);
+    vec_dot(GgmlType::Q2_K, &[0u8; 84], &[0u8; 292], 256);
 }
 
 #[test]
@@ -415,6 +419,26 @@ fn vec_dot_rejects_short_rows() {
 }
 
 /// Hand-built blocks decode to the values the ggml layouts define.
+#[test]
+fn hand_built_q5_blocks_decode_as_ggml_defines() {
+    // Q5_0: d = 0.5, qh bit 0 set and bit 16 clear, nibble byte 0x2F: element 0 = (15 + 16 - 16)
+    // * 0.5, element 16 = (2 - 16) * 0.5; element 1 (nibble 0, no high bit) = -16 * 0.5.
+    let mut b = vec![0u8; 22];
+    b[..2].copy_from_slice(&f32_to_f16(0.5).to_le_bytes());
+    b[2..6].copy_from_slice(&1u32.to_le_bytes());
+    b[6] = 0x2F;
+    let y = dequantize(GgmlType::Q5_0, &b, 32);
+    assert_eq!((y[0], y[16], y[1]), (7.5, -7.0, -8.0));
+    // Q5_1: d = 0.25, m = 1, qh bit 17 set, nibble byte 1 = 0x30: element 17 = (3 + 16) * 0.25 + 1.
+    let mut b = vec![0u8; 24];
+    b[..2].copy_from_slice(&f32_to_f16(0.25).to_le_bytes());
+    b[2..4].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
+    b[4..8].copy_from_slice(&(1u32 << 17).to_le_bytes());
+    b[9] = 0x30;
+    let y = dequantize(GgmlType::Q5_1, &b, 32);
+    assert_eq!((y[17], y[1], y[0]), (5.75, 1.0, 1.0));
+}
+
 #[test]
 fn hand_built_blocks_decode_as_ggml_defines() {
     // Q4_0: d = 0.5, nibble byte 0x2F -> element 0 = (15-8)*0.5, element 16 = (2-8)*0.5.

@@ -5,7 +5,7 @@
 //! Every load is unaligned, so rows may start anywhere.
 
 use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
-use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
+use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
 
@@ -20,6 +20,8 @@ pub(super) unsafe fn dot(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q8_0 => dot_q8_0(w, a, n),
         GgmlType::Q4_0 => dot_q4_0(w, a, n),
         GgmlType::Q4_1 => dot_q4_1(w, a, n),
+        GgmlType::Q5_0 => dot_q5_0(w, a, n),
+        GgmlType::Q5_1 => dot_q5_1(w, a, n),
         GgmlType::Q4_K => dot_q4_k(w, a, n),
         GgmlType::Q5_K => dot_q5_k(w, a, n),
         GgmlType::Q6_K => dot_q6_k(w, a, n),
@@ -99,6 +101,54 @@ unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(p)), scale_product(bw, ba), acc);
     }
     hsum256(acc)
+}
+
+/// 0x10 in byte j where bit j of the little-endian u32 at p is set (the fifth bit of the
+/// Q5_0/Q5_1 levels; ggml's bytes_from_bits_32, masked to the bit's value).
+#[inline(always)]
+unsafe fn fifth_bits_32(p: *const u8) -> __m256i {
+    let bits = (p as *const u32).read_unaligned() as i32;
+    // Byte j of the result looks at byte j / 8 of the u32 (shuffles stay in 128-bit lanes,
+    // so the broadcast gives each lane all four bytes) and at bit j % 8 of it.
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), shuf);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Q5_0 x Q8_0: like `dot_q4_0`, with the fifth bit or-ed into the nibbles and the offset 16.
+/// Also run by the AVX-512 level.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let sixteen = _mm256_set1_epi8(16);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q5_0_BYTES), ap.add(i * Q8_0_BYTES));
+        let aq = loadu256(ba.add(2));
+        let q = _mm256_or_si256(nibbles_16(bw.add(6)), fifth_bits_32(bw.add(2)));
+        // sum((q - 16) * a) = sum(q * a) - sum(16 * a); q <= 31 keeps the i16 pairs exact.
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, aq), _mm256_maddubs_epi16(sixteen, aq));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(p)), scale_product(bw, ba), acc);
+    }
+    hsum256(acc)
+}
+
+/// Q5_1 x Q8_1 in `dot_q4_1`'s order (m*s terms apart, added after the horizontal sum).
+/// Also run by the AVX-512 level.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    for i in 0..n / 32 {
+        let (bw, ba) = (wp.add(i * Q5_1_BYTES), ap.add(i * Q8_1_BYTES));
+        let q = _mm256_or_si256(nibbles_16(bw.add(8)), fifth_bits_32(bw.add(4)));
+        let dot = widen(_mm256_maddubs_epi16(q, loadu256(ba.add(4))));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc);
+        summs += f16c(rd16(bw.add(2)) as u16) * f16c(rd16(ba.add(2)) as u16);
+    }
+    hsum256(acc) + summs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

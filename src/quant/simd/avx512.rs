@@ -26,6 +26,9 @@ pub(super) unsafe fn dot(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q8_0 => dot_q8_0(w, a, n),
         GgmlType::Q4_0 => dot_q4_0(w, a, n),
         GgmlType::Q4_1 => dot_q4_1(w, a, n),
+        // The 256-bit kernels (one block per register, as ggml's AVX2/AVX-512 builds run them).
+        GgmlType::Q5_0 => super::avx2::dot_q5_0(w, a, n),
+        GgmlType::Q5_1 => super::avx2::dot_q5_1(w, a, n),
         GgmlType::Q4_K => dot_q4_k(w, a, n),
         GgmlType::Q5_K => dot_q5_k(w, a, n),
         GgmlType::Q6_K => dot_q6_k(w, a, n),

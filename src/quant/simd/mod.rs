@@ -71,6 +71,8 @@ pub(crate) fn dot_scalar(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q8_0 => legacy::dot_q8_0(w, a, n),
         GgmlType::Q4_0 => legacy::dot_q4_0(w, a, n),
         GgmlType::Q4_1 => legacy::dot_q4_1(w, a, n),
+        GgmlType::Q5_0 => legacy::dot_q5_0(w, a, n),
+        GgmlType::Q5_1 => legacy::dot_q5_1(w, a, n),
         GgmlType::Q4_K => k_quants::dot_q4_k(w, a, n),
         GgmlType::Q5_K => k_quants::dot_q5_k(w, a, n),
         GgmlType::Q6_K => k_quants::dot_q6_k(w, a, n),
