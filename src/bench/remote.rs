@@ -93,9 +93,11 @@ pub async fn run(plan: &RemotePlan, progress: &indicatif::ProgressBar) -> anyhow
             errors,
             ttft_mean_s: mean_stddev(&ttft).0,
             ttft_p50_s: percentile(&ttft, 0.5),
+            ttft_p95_s: percentile(&ttft, 0.95),
             ttft_p99_s: percentile(&ttft, 0.99),
             itl_mean_s: mean_stddev(&itl).0,
             itl_p50_s: percentile(&itl, 0.5),
+            itl_p95_s: percentile(&itl, 0.95),
             itl_p99_s: percentile(&itl, 0.99),
             tokens_per_second: tokens as f64 / secs,
         });

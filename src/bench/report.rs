@@ -111,9 +111,13 @@ pub struct RemoteResult {
     pub errors: usize,
     pub ttft_mean_s: f64,
     pub ttft_p50_s: f64,
+    #[serde(default)]
+    pub ttft_p95_s: f64,
     pub ttft_p99_s: f64,
     pub itl_mean_s: f64,
     pub itl_p50_s: f64,
+    #[serde(default)]
+    pub itl_p95_s: f64,
     pub itl_p99_s: f64,
     /// Generated tokens per wall-clock second over all streams.
     pub tokens_per_second: f64,
@@ -218,16 +222,18 @@ impl BenchReport {
             }
         }
         if !self.remote.is_empty() {
-            s += "\n| concurrency | requests | errors | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            s += "\n| concurrency | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | ITL p95 ms | ITL p99 ms | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for r in &self.remote {
                 s += &format!(
-                    "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} |\n",
+                    "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} |\n",
                     r.concurrency,
                     r.requests,
                     r.errors,
                     r.ttft_p50_s * 1e3,
+                    r.ttft_p95_s * 1e3,
                     r.ttft_p99_s * 1e3,
                     r.itl_p50_s * 1e3,
+                    r.itl_p95_s * 1e3,
                     r.itl_p99_s * 1e3,
                     r.tokens_per_second
                 );

@@ -2,7 +2,7 @@
 //! collectors that read the engine's gauges and the per-kernel registry at scrape time.
 //! Nothing here ever sees prompt or completion text.
 
-use crate::engine::EngineStats;
+use crate::engine::{EngineStats, StepHistogram, STEP_BUCKETS};
 use crate::kernel_registry::{self, KernelSnapshot, BUCKETS_SECONDS};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram as HistogramProto, LabelPair, Metric, MetricFamily, MetricType};
@@ -204,10 +204,41 @@ const ENGINE_GAUGES: [(&str, &str, &[&str]); 3] = [
     ("civetta_kv_cache_bytes", "Bytes of KV cache allocated to active sequences", &[]),
 ];
 
+/// Per-step histograms of the continuous-batching scheduler.
+const ENGINE_HISTOGRAMS: [(&str, &str, &[&str]); 2] = [
+    ("civetta_batch_rows", "Rows (tokens) in one engine step's forward pass: decode rows plus prefill chunks", &[]),
+    ("civetta_batch_sequences", "Sequences in one engine step's forward pass", &[]),
+];
+
 impl EngineCollector {
     pub fn new(stats: impl Fn() -> EngineStats + Send + Sync + 'static) -> EngineCollector {
-        EngineCollector { stats: Box::new(stats), descs: descs(&ENGINE_GAUGES) }
+        let specs: Vec<_> = ENGINE_GAUGES.iter().chain(&ENGINE_HISTOGRAMS).copied().collect();
+        EngineCollector { stats: Box::new(stats), descs: descs(&specs) }
     }
+}
+
+/// The engine keeps per-bucket counts of one value per step; Prometheus wants cumulative
+/// ones (the last, +Inf, bucket is implied by the count).
+fn step_histogram(h: &StepHistogram) -> Metric {
+    let mut cumulative = 0u64;
+    let buckets = STEP_BUCKETS
+        .iter()
+        .enumerate()
+        .map(|(i, &le)| {
+            cumulative += h.counts.get(i).copied().unwrap_or(0);
+            let mut b = Bucket::default();
+            b.set_upper_bound(le);
+            b.set_cumulative_count(cumulative);
+            b
+        })
+        .collect();
+    let mut p = HistogramProto::default();
+    p.set_bucket(buckets);
+    p.set_sample_count(h.count);
+    p.set_sample_sum(h.sum as f64);
+    let mut m = Metric::default();
+    m.set_histogram(p);
+    m
 }
 
 impl Collector for EngineCollector {
@@ -218,11 +249,15 @@ impl Collector for EngineCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let s = (self.stats)();
         let values = [s.queued as f64, s.active as f64, s.kv_bytes as f64];
-        ENGINE_GAUGES
+        let mut families: Vec<MetricFamily> = ENGINE_GAUGES
             .iter()
             .zip(values)
             .map(|((name, help, _), v)| family(name, help, MetricType::GAUGE, vec![gauge_metric(vec![], v)]))
-            .collect()
+            .collect();
+        for ((name, help, _), h) in ENGINE_HISTOGRAMS.iter().zip([&s.batch_rows, &s.batch_sequences]) {
+            families.push(family(name, help, MetricType::HISTOGRAM, vec![step_histogram(h)]));
+        }
+        families
     }
 }
 
@@ -447,7 +482,14 @@ mod tests {
     fn request_metrics_and_engine_gauges() {
         let env = crate::envinfo::Fingerprint::from_fields(vec![crate::envinfo::Field::new("toolchain.kernel_compiler", "none", "test")]);
         let m = Metrics::new(&BuildLabels::new("cpu", &env), &env).unwrap();
-        m.register(Box::new(EngineCollector::new(|| EngineStats { queued: 3, active: 2, kv_bytes: 4096, ..Default::default() }))).unwrap();
+        m.register(Box::new(EngineCollector::new(|| {
+            let mut batch_rows = crate::engine::StepHistogram::default();
+            for rows in [1, 3, 3, 40] {
+                batch_rows.observe(rows);
+            }
+            EngineStats { queued: 3, active: 2, kv_bytes: 4096, batch_rows, ..Default::default() }
+        })))
+        .unwrap();
         m.register(Box::new(KernelCollector::new(|| vec![snap("rope", "m1", &[(0, 1)], 1, None)]))).unwrap();
         m.observe_request("Generate", Code::Ok, Duration::from_millis(30));
         m.observe_request("Generate", Code::Ok, Duration::from_millis(30));
@@ -462,6 +504,11 @@ mod tests {
         assert_eq!(sample(&text, "civetta_queue_depth"), 3.0);
         assert_eq!(sample(&text, "civetta_active_sequences"), 2.0);
         assert_eq!(sample(&text, "civetta_kv_cache_bytes"), 4096.0);
+        assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="2"}"#), 1.0);
+        assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="4"}"#), 3.0);
+        assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="+Inf"}"#), 4.0);
+        assert_eq!(sample(&text, "civetta_batch_rows_sum"), 47.0);
+        assert_eq!(sample(&text, "civetta_batch_sequences_count"), 0.0);
         assert_eq!(sample(&text, r#"civetta_requests_rejected_total{reason="queue_full"}"#), 0.0);
         let build = text.lines().find(|l| l.starts_with("civetta_build_info{")).unwrap();
         for part in ["backend=\"cpu\"", "compiler=\"none\"", &format!("version=\"{}\"", crate::build_info::VERSION)] {
