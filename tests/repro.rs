@@ -264,8 +264,12 @@ fn merge_of_one_factor_is_clean_and_bench_reports_are_columns_too() {
     assert!(m.text.contains("factors that differ: container layer"), "{}", m.text);
     // A plain bench report is one column.
     let bench = serde_json::to_string(&base_report()).unwrap();
-    let cols = columns_of("base.json", &bench).unwrap();
+    let mut cols = columns_of("base.json", &bench).unwrap();
     assert_eq!(cols.len(), 1);
+    assert!(!merge(&cols).text.contains("different tests"));
+    cols.extend(columns_of("pt.json", &a).unwrap());
+    cols[1].tests.truncate(1);
+    assert!(merge(&cols).text.contains("NOTE: the columns ran different tests"));
     assert!(columns_of("x.json", "{\"kind\": \"civetta-repro\"}").is_err());
     assert!(columns_of("x.json", "[1, 2]").unwrap_err().to_string().contains("neither"));
 }

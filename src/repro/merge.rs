@@ -100,6 +100,10 @@ pub fn merge(columns: &[Column]) -> Merged {
     if !comparable {
         s += "NOT COMPARABLE: the columns measured different model files\n\n";
     }
+    let test_names = |c: &Column| c.tests.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    if columns.windows(2).any(|w| test_names(&w[0]) != test_names(&w[1])) {
+        s += "NOTE: the columns ran different tests (bench arguments); only rows filled in several columns compare\n\n";
+    }
 
     // Header: each column labelled by its values of the differing factors.
     let label = |c: &Column| -> String {
