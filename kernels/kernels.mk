@@ -31,7 +31,7 @@ KERNEL_FLAGS := -x hip --offload-device-only --no-gpu-bundle-output -nogpuinc -n
   -O3 -std=c++17 -mcode-object-version=5 -Wall -Werror
 KERNEL_SOURCES := $(wildcard kernels/*.hip)
 KERNEL_NAMES := $(basename $(notdir $(KERNEL_SOURCES)))
-SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16
+SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16 gemm_w8a8_pipe
 
 # "clang-22.1.8" from "Debian clang version 22.1.8 (...)", "llvm-23.0.0git" from the LLVM 23
 # driver's "ROCm AMD LLVM version 23.0.0git ..."; empty when $(CLANG) is missing.
