@@ -16,11 +16,11 @@
 //! logits), so the hot path gains no synchronisation.
 
 pub mod api;
-pub mod image_choice;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
+pub mod image_choice;
 
 use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
