@@ -21,6 +21,7 @@ endif
 # The LLVM 23 driver's library is installed before its --version names the build folder.
 ifeq ($(CLANG),$(LLVM23_DRIVER))
 LLVM23_SETUP := $(shell scripts/llvm23-setup.sh >&2 || echo failed)
+KERNEL_DEPS_EXTRA := $(LLVM23_DRIVER)
 endif
 GATE_GFX ?= gfx1151
 KERNELS_ALLOWLIST ?= kernels/spill-allowlist.toml
@@ -42,12 +43,12 @@ KERNELS_OUT := $(BUILD)/$(CLANG_TAG)
 
 # $(1) arch, $(2) output stem, $(3) source name, $(4) extra flags
 define kernel_rule
-$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h
+$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -c $$< -o $$@ \
 	  -Rpass-analysis=kernel-resource-usage 2> $(KERNELS_OUT)/$(1)/$(2).remarks \
 	  || { cat $(KERNELS_OUT)/$(1)/$(2).remarks; exit 1; }
-$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h
+$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -S $$< -o $$@
 KERNEL_OUTPUTS += $(KERNELS_OUT)/$(1)/$(2).hsaco $(KERNELS_OUT)/$(1)/$(2).s
