@@ -21,6 +21,7 @@ endif
 # The LLVM 23 driver's library is installed before its --version names the build folder.
 ifeq ($(CLANG),$(LLVM23_DRIVER))
 LLVM23_SETUP := $(shell scripts/llvm23-setup.sh >&2 || echo failed)
+KERNEL_DEPS_EXTRA := $(LLVM23_DRIVER)
 endif
 GATE_GFX ?= gfx1151
 KERNELS_ALLOWLIST ?= kernels/spill-allowlist.toml
@@ -31,7 +32,7 @@ KERNEL_FLAGS := -x hip --offload-device-only --no-gpu-bundle-output -nogpuinc -n
   -O3 -std=c++17 -mcode-object-version=5 -Wall -Werror
 KERNEL_SOURCES := $(wildcard kernels/*.hip)
 KERNEL_NAMES := $(basename $(notdir $(KERNEL_SOURCES)))
-SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16
+SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16 gemm_w8a8_pipe
 
 # "clang-22.1.8" from "Debian clang version 22.1.8 (...)", "llvm-23.0.0git" from the LLVM 23
 # driver's "ROCm AMD LLVM version 23.0.0git ..."; empty when $(CLANG) is missing.
@@ -42,12 +43,12 @@ KERNELS_OUT := $(BUILD)/$(CLANG_TAG)
 
 # $(1) arch, $(2) output stem, $(3) source name, $(4) extra flags
 define kernel_rule
-$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h
+$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -c $$< -o $$@ \
 	  -Rpass-analysis=kernel-resource-usage 2> $(KERNELS_OUT)/$(1)/$(2).remarks \
 	  || { cat $(KERNELS_OUT)/$(1)/$(2).remarks; exit 1; }
-$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h
+$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -S $$< -o $$@
 KERNEL_OUTPUTS += $(KERNELS_OUT)/$(1)/$(2).hsaco $(KERNELS_OUT)/$(1)/$(2).s

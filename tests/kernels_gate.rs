@@ -113,3 +113,48 @@ fn report_and_compare_cover_both_compilers() {
         }
     }
 }
+
+/// The GPU backend loads a GEMM file's `.sb` build when the plain build of a kernel it
+/// launches spills and the `.sb` build does not, read from the code objects' metadata.
+#[test]
+fn backend_picks_the_sched_barrier_build_from_spill_metadata() {
+    use civetta::backend::gpu::image_choice::{choose_image, spills_of};
+    // Stand-in for a compiler that needs the sched_barrier: the plain build is capped at 24 VGPRs.
+    const PAIR: &str = r#"
+#include "civetta_gpu.h"
+#if CIVETTA_SCHED_BARRIER
+#define CAP
+#else
+#define CAP __attribute__((amdgpu_num_vgpr(24)))
+#endif
+CV_KERNEL CV_LAUNCH_BOUNDS(64) CAP void civetta_k(float* out, const float* in, int n) {
+  float acc[48];
+  CV_UNROLL for (int i = 0; i < 48; ++i) acc[i] = in[i * 64 + cv_tid_x()];
+  for (int r = 0; r < n; ++r) {
+    CV_UNROLL for (int i = 0; i < 48; ++i) acc[i] = acc[i] * acc[(i + 7) % 48] + in[r * 48 + i];
+  }
+  CV_UNROLL for (int i = 0; i < 48; ++i) out[i * 64 + cv_tid_x()] = acc[i];
+}
+"#;
+    let names = vec!["civetta_k".to_string()];
+    for clang in available_clangs() {
+        let root = tempfile::tempdir().unwrap();
+        let source = root.path().join("gemm_demo.hip");
+        std::fs::write(&source, PAIR).unwrap();
+        let dir = root.path().join("gfx1151");
+        compile(clang, "gfx1151", &source, &dir, "gemm_demo", &[]);
+        let plain = choose_image(&dir, "gemm_demo", "hsaco", &names, false);
+        assert!(!plain.sched_barrier, "{clang}: no .sb build yet: {}", plain.reason);
+        compile(clang, "gfx1151", &source, &dir, "gemm_demo.sb", &["CIVETTA_SCHED_BARRIER=1"]);
+        assert!(spills_of(&dir.join("gemm_demo.hsaco"), &names).unwrap() > 0, "{clang}: plain build must spill");
+        assert_eq!(spills_of(&dir.join("gemm_demo.sb.hsaco"), &names), Some(0));
+        let choice = choose_image(&dir, "gemm_demo", "hsaco", &names, false);
+        assert!(choice.sched_barrier, "{clang}: {}", choice.reason);
+        assert_eq!(choice.path, dir.join("gemm_demo.sb.hsaco"));
+        // Neither spills: the plain build stays.
+        compile(clang, "gfx1151", &source, &dir, "gemm_demo", &["CIVETTA_SCHED_BARRIER=1"]);
+        let choice = choose_image(&dir, "gemm_demo", "hsaco", &names, false);
+        assert!(!choice.sched_barrier, "{clang}: {}", choice.reason);
+        assert!(choose_image(&dir, "gemm_demo", "hsaco", &names, true).sched_barrier, "configuration forces .sb");
+    }
+}

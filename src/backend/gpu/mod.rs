@@ -20,6 +20,7 @@ pub mod api;
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
+pub mod image_choice;
 
 use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
@@ -253,15 +254,18 @@ impl<A: GpuApi> GpuBackend<A> {
         };
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
-        let variant = if opts.sched_barrier { "sb" } else { "default" };
+        let mut variant = "default";
         for &(file, functions) in KERNEL_FILES {
             let ext = api.kernel_extension();
             let mut path = kernel_dir.join(format!("{file}.{ext}"));
-            if opts.sched_barrier && file.starts_with("gemm_") {
-                let sb = kernel_dir.join(format!("{file}.sb.{ext}"));
-                if sb.exists() {
-                    path = sb;
+            if file.starts_with("gemm_") {
+                let names: Vec<String> = functions.iter().map(|(name, _)| format!("civetta_{name}")).collect();
+                let choice = image_choice::choose_image(&kernel_dir, file, ext, &names, opts.sched_barrier);
+                tracing::debug!(file, sched_barrier = choice.sched_barrier, reason = %choice.reason, "GEMM kernel build");
+                if choice.sched_barrier {
+                    variant = "sb";
                 }
+                path = choice.path;
             }
             let mut image =
                 std::fs::read(&path).with_context(|| format!("{} backend: reading kernel image {}", api.backend_name(), path.display()))?;
