@@ -103,7 +103,7 @@ impl Daemon {
         let mut child = Command::new(&o.civetta)
             .args(["serve", "--model"])
             .arg(model)
-            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--threads", "2", "--context", "512"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--http-addr", "", "--threads", "2", "--context", "512"])
             .args(["--max-active", &o.max_active.to_string(), "--max-queue", &o.max_queue.to_string(), "--shutdown-grace", "5"])
             .env("CIVETTA_LOG", "warn")
             .stdin(Stdio::null())

@@ -366,7 +366,7 @@ def run(args, work: Path, procs: Processes, stop: threading.Event) -> int:
             raise CheckFailed(f"civetta model synth failed:\n{res.stderr}")
 
     daemon = procs.start("civetta", [args.civetta, "serve", "--model", model, "--grpc-addr", grpc_addr,
-                                     "--metrics-addr", metrics_addr], work / "civetta.log")
+                                     "--metrics-addr", metrics_addr, "--http-addr", ""], work / "civetta.log")
     try:
         wait_for(f"http://{metrics_addr}/metrics", 60, "civetta", daemon)
     except CheckFailed:

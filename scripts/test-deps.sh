@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(clang-19 clang-22 lld-19 lld-22 llvm-19 llvm-22 binutils curl python3 python3-venv python3-pip)
 # Pinned where a test compares against the package's own output.
-PY_PACKAGES=(numpy "gguf==0.19.0" tokenizers)
+PY_PACKAGES=(numpy "gguf==0.19.0" tokenizers "openai==3.51.0")
 VENV=build/venv
 
 say() { printf 'test-deps: %s\n' "$*"; }

@@ -18,13 +18,15 @@ pub struct Daemon {
     pub grpc: String,
     /// `127.0.0.1:PORT`
     pub metrics: String,
+    /// `http://127.0.0.1:PORT`, the OpenAI-compatible HTTP API.
+    pub http: String,
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Daemon {
-    /// Starts `civetta serve --model MODEL` on port 0 for both endpoints, plus `extra` flags,
+    /// Starts `civetta serve --model MODEL` on port 0 for all endpoints, plus `extra` flags,
     /// and waits for its `listening grpc=... metrics=...` line.
     pub fn start(model: &Path, extra: &[&str]) -> Daemon {
         Self::start_env(model, extra, &[])
@@ -34,7 +36,7 @@ impl Daemon {
         let mut cmd = crate::common::civetta();
         cmd.args(["serve", "--model"])
             .arg(model)
-            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--threads", "2"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--threads", "2"])
             .args(extra)
             .env("CIVETTA_LOG", "warn")
             .stdin(Stdio::null())
@@ -67,7 +69,13 @@ impl Daemon {
         };
         let grab =
             |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {line:?}")).to_string();
-        Daemon { grpc: format!("http://{}", grab("grpc=")), metrics: grab("metrics="), child, stderr }
+        Daemon {
+            grpc: format!("http://{}", grab("grpc=")),
+            metrics: grab("metrics="),
+            http: format!("http://{}", grab("http=")),
+            child,
+            stderr,
+        }
     }
 
     pub async fn client(&self) -> InferenceClient<Channel> {
