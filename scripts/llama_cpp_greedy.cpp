@@ -5,6 +5,8 @@
 // usage: llama-cpp-greedy MODEL N_PREDICT ID,ID,... [N_THREADS]
 // stdout: {"tokens": [...], "runner_up": [...], "margins": [...], "rel_margins": [...]}
 //   margin = top-1 minus top-2 logit at that step; rel_margin = margin / max |logit|.
+// With LLAMA_CPP_GREEDY_PROMPT_LOGITS=1 in the environment the JSON also has "prompt_logits": all
+// n_vocab logits of the prompt's last position (%.9g, f32 round trip).
 // End-of-generation tokens do not stop it: exactly N_PREDICT tokens come out (like --ignore-eos).
 // The prompt is decoded in one batch, then one token per step, as llama-simple does.
 #include "llama.h"
@@ -76,6 +78,8 @@ int main(int argc, char ** argv) {
     int n_in_batch = prompt.size();
     std::vector<llama_token> out, runner_up;
     std::vector<double> margins, rel_margins;
+    const char * want_logits = std::getenv("LLAMA_CPP_GREEDY_PROMPT_LOGITS");
+    std::vector<float> prompt_logits;
     for (int step = 0; step < n_predict; ++step) {
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
             fprintf(stderr, "decode failed at step %d\n", step);
@@ -83,6 +87,9 @@ int main(int argc, char ** argv) {
         }
         n_pos += n_in_batch;
         const float * logits = llama_get_logits_ith(ctx, -1);
+        if (step == 0 && want_logits && want_logits[0] == '1') {
+            prompt_logits.assign(logits, logits + n_vocab);
+        }
         int best = 0, second = -1;
         float max_abs = 0.0f;
         for (int t = 0; t < n_vocab; ++t) {
@@ -123,6 +130,11 @@ int main(int argc, char ** argv) {
     print_floats("margins", margins);
     printf(", ");
     print_floats("rel_margins", rel_margins);
+    if (!prompt_logits.empty()) {
+        printf(", \"prompt_logits\": [");
+        for (size_t i = 0; i < prompt_logits.size(); ++i) printf("%s%.9g", i ? ", " : "", prompt_logits[i]);
+        printf("]");
+    }
     printf("}\n");
 
     llama_batch_ext_free(batch);

@@ -27,12 +27,15 @@ use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 pub const ARCHES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+/// Mixture-of-experts architectures: the attention of their dense family (qwen2, qwen3) with
+/// routed experts (and qwen2moe's shared expert) in place of the dense FFN.
+pub const MOE_ARCHES: [&str; 2] = ["qwen2moe", "qwen3moe"];
 pub const QUANTS: [&str; 9] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"];
 pub const SIZES: [&str; 4] = ["tiny", "small", "1b", "8b"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Architecture: llama, qwen2, qwen3.
+    /// Architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Type of the 2-D weight matrices (token_embd included; norms and biases stay f32):
@@ -65,6 +68,15 @@ pub struct SynthArgs {
     /// Vocabulary size: BPE tokens trained on the corpus, unused padding tokens, specials.
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Override the MoE preset's expert count (qwen2moe, qwen3moe).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Override the MoE preset's experts used per token (top-k).
+    #[arg(long)]
+    pub experts_used: Option<usize>,
+    /// Override the MoE preset's feed-forward width of one expert.
+    #[arg(long)]
+    pub expert_ffn: Option<usize>,
     #[arg(long, default_value_t = 2048)]
     pub context: usize,
     /// Tie the output projection to the token embedding (no output.weight tensor).
@@ -89,14 +101,26 @@ pub struct SynthSpec {
     pub vocab: usize,
     pub context: usize,
     pub tied: bool,
+    /// Experts of the MoE architectures (None for dense ones).
+    pub moe: Option<SynthMoe>,
+}
+
+/// Expert shapes of a synthetic MoE model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthMoe {
+    pub experts: usize,
+    pub experts_used: usize,
+    pub expert_ffn: usize,
+    /// Shared expert width (qwen2moe), 0 for none.
+    pub shared_ffn: usize,
 }
 
 impl SynthSpec {
     /// A size preset. All dims are multiples of 256, so every weight type (K-quants need
     /// rows of 256) works; the vocabulary is a multiple of 64.
     pub fn preset(arch: &str, quant: GgmlType, size: &str) -> anyhow::Result<SynthSpec> {
-        if !ARCHES.contains(&arch) {
-            bail!("unknown architecture \"{arch}\" (expected one of {})", ARCHES.join(", "));
+        if !ARCHES.contains(&arch) && !MOE_ARCHES.contains(&arch) {
+            bail!("unknown architecture \"{arch}\" (expected one of {}, {})", ARCHES.join(", "), MOE_ARCHES.join(", "));
         }
         // (layers, dim, ffn, heads, kv_heads, qwen3 head_dim, vocab)
         let (layers, dim, ffn, heads, kv_heads, qwen3_head_dim, vocab) = match size {
@@ -108,7 +132,17 @@ impl SynthSpec {
         };
         // Qwen3 decouples the head size from dim / heads; the tiny preset uses a larger head
         // than dim / heads so that the reference tests exercise that.
-        let head_dim = if arch == "qwen3" { qwen3_head_dim } else { dim / heads };
+        let head_dim = if family(arch) == "qwen3" { qwen3_head_dim } else { dim / heads };
+        // Qwen3-30B-A3B routes to 8 of 128 experts of width 768 (dim 2048); the small presets
+        // keep 8 experts, top-2, and experts as wide as a K-quant block row allows.
+        let moe = MOE_ARCHES.contains(&arch).then(|| {
+            let (experts, experts_used, expert_ffn) = match size {
+                "tiny" => (8, 2, 256),
+                "small" => (8, 2, 512),
+                _ => (128, 8, 768),
+            };
+            SynthMoe { experts, experts_used, expert_ffn, shared_ffn: if arch == "qwen2moe" { 2 * expert_ffn } else { 0 } }
+        });
         Ok(SynthSpec {
             arch: arch.to_string(),
             quant,
@@ -122,6 +156,7 @@ impl SynthSpec {
             vocab,
             context: 2048,
             tied: false,
+            moe,
         })
     }
 
@@ -135,11 +170,18 @@ impl SynthSpec {
         s.vocab = a.vocab.unwrap_or(s.vocab);
         s.context = a.context;
         s.tied = a.tied;
+        if let Some(m) = &mut s.moe {
+            m.experts = a.experts.unwrap_or(m.experts);
+            m.experts_used = a.experts_used.unwrap_or(m.experts_used);
+            m.expert_ffn = a.expert_ffn.unwrap_or(m.expert_ffn);
+        } else if a.experts.is_some() || a.experts_used.is_some() || a.expert_ffn.is_some() {
+            bail!("--experts, --experts-used and --expert-ffn are only for {}", MOE_ARCHES.join(", "));
+        }
         if a.dim.is_some() || a.heads.is_some() || a.head_dim.is_some() {
             s.dim = a.dim.unwrap_or(s.dim);
             s.heads = a.heads.unwrap_or(s.heads);
             ensure!(s.heads > 0, "heads must be at least 1");
-            s.head_dim = match (s.arch.as_str(), a.head_dim) {
+            s.head_dim = match (family(&s.arch), a.head_dim) {
                 ("qwen3", Some(h)) => h,
                 ("qwen3", None) => s.head_dim,
                 (_, None) => s.dim / s.heads,
@@ -152,7 +194,25 @@ impl SynthSpec {
 
     /// Checks that the shapes make a valid model for the weight type.
     pub fn validate(&self) -> anyhow::Result<()> {
-        ensure!(ARCHES.contains(&self.arch.as_str()), "unknown architecture \"{}\"", self.arch);
+        ensure!(ARCHES.contains(&self.arch.as_str()) || MOE_ARCHES.contains(&self.arch.as_str()), "unknown architecture \"{}\"", self.arch);
+        ensure!(
+            self.moe.is_some() == MOE_ARCHES.contains(&self.arch.as_str()),
+            "{}: expert shapes are for the MoE architectures only",
+            self.arch
+        );
+        if let Some(m) = &self.moe {
+            ensure!(
+                m.experts > 0 && (1..=m.experts).contains(&m.experts_used),
+                "{} experts used of {} is not a valid routing",
+                m.experts_used,
+                m.experts
+            );
+            let block = self.quant.block_size();
+            for (what, n) in [("expert ffn", m.expert_ffn), ("shared expert ffn", m.shared_ffn)] {
+                ensure!(n % block == 0, "{what} = {n} is not a multiple of the {} block size {block}", self.quant);
+            }
+            ensure!(m.expert_ffn > 0, "expert ffn must be at least 1");
+        }
         ensure!(crate::quant::supports(self.quant), "weight type {} is not supported", self.quant);
         for (what, n) in [
             ("layers", self.layers),
@@ -167,7 +227,7 @@ impl SynthSpec {
         }
         ensure!(self.heads.is_multiple_of(self.kv_heads), "heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads);
         ensure!(self.head_dim.is_multiple_of(2), "the head size ({}) must be even for RoPE", self.head_dim);
-        if self.arch != "qwen3" {
+        if family(&self.arch) != "qwen3" {
             ensure!(
                 self.heads * self.head_dim == self.dim,
                 "{}: heads x head size ({} x {}) must equal dim ({})",
@@ -198,6 +258,15 @@ impl SynthSpec {
         } else {
             &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         }
+    }
+}
+
+/// The dense architecture whose attention (and tokenizer family) an architecture uses.
+fn family(arch: &str) -> &str {
+    match arch {
+        "qwen2moe" => "qwen2",
+        "qwen3moe" => "qwen3",
+        a => a,
     }
 }
 
@@ -285,9 +354,17 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
         w.add_metadata(&k("vocab_size"), u(spec.vocab));
         w.add_metadata(&k("rope.dimension_count"), u(spec.head_dim));
     }
-    if a == "qwen3" {
+    if family(a) == "qwen3" {
         w.add_metadata(&k("attention.key_length"), u(spec.head_dim));
         w.add_metadata(&k("attention.value_length"), u(spec.head_dim));
+    }
+    if let Some(m) = &spec.moe {
+        w.add_metadata(&k("expert_count"), u(m.experts));
+        w.add_metadata(&k("expert_used_count"), u(m.experts_used));
+        w.add_metadata(&k("expert_feed_forward_length"), u(m.expert_ffn));
+        if m.shared_ffn > 0 {
+            w.add_metadata(&k("expert_shared_feed_forward_length"), u(m.shared_ffn));
+        }
     }
 }
 
@@ -322,6 +399,9 @@ fn add_tokenizer(w: &mut GgufWriter, spec: &SynthSpec) {
     w.add_metadata("tokenizer.chat_template", V::String(if spec.is_llama() { LLAMA3_TEMPLATE } else { CHATML_TEMPLATE }.into()));
 }
 
+/// Standard deviation of the router logits of synthetic MoE models.
+const ROUTER_GAIN: f32 = 2.0;
+
 /// Gain of the random part of the output matrix: logits have a standard deviation of about
 /// this many units.
 const OUTPUT_GAIN: f32 = 4.0;
@@ -338,6 +418,11 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
     let norm = |w: &mut GgufWriter, name: &str, n: usize| {
         f32_tensor(w, name, gaussian(tensor_seed(seed, name), n).into_iter().map(|x| 1.0 + 0.1 * x).collect())
     };
+    let experts_tensor = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, experts: usize, gain: f32| {
+        let std = gain / (cols as f32).sqrt();
+        let data = quantized_rows(q, cols, rows * experts, |r| random_row(seed, name, r, cols, std))?;
+        w.add_tensor(name, &[cols as u64, rows as u64, experts as u64], q, data)
+    };
     // `rows` output features of `cols` inputs each, ggml dims [cols, rows].
     let matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, gain: f32| {
         let std = gain / (cols as f32).sqrt();
@@ -352,21 +437,48 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
         matrix(w, &p("attn_q.weight"), d, qd, 1.0)?;
         matrix(w, &p("attn_k.weight"), d, kvd, 1.0)?;
         matrix(w, &p("attn_v.weight"), d, kvd, 1.0)?;
-        if spec.arch == "qwen2" {
+        if family(&spec.arch) == "qwen2" {
             for (name, n) in [(p("attn_q.bias"), qd), (p("attn_k.bias"), kvd), (p("attn_v.bias"), kvd)] {
                 f32_tensor(w, &name, gaussian(tensor_seed(seed, &name), n).into_iter().map(|x| 0.1 * x).collect())?;
             }
         }
-        if spec.arch == "qwen3" {
+        if family(&spec.arch) == "qwen3" {
             norm(w, &p("attn_q_norm.weight"), spec.head_dim)?;
             norm(w, &p("attn_k_norm.weight"), spec.head_dim)?;
         }
         // The residual branches are scaled down so the stream stays dominated by no one layer.
         matrix(w, &p("attn_output.weight"), qd, d, 0.5)?;
         norm(w, &p("ffn_norm.weight"), d)?;
-        matrix(w, &p("ffn_gate.weight"), d, ff, 1.0)?;
-        matrix(w, &p("ffn_up.weight"), d, ff, 1.0)?;
-        matrix(w, &p("ffn_down.weight"), ff, d, 0.5)?;
+        match &spec.moe {
+            None => {
+                matrix(w, &p("ffn_gate.weight"), d, ff, 1.0)?;
+                matrix(w, &p("ffn_up.weight"), d, ff, 1.0)?;
+                matrix(w, &p("ffn_down.weight"), ff, d, 0.5)?;
+            }
+            Some(m) => {
+                // The router stays F32 as llama.cpp's quantiser leaves it; its logits have
+                // a standard deviation of about ROUTER_GAIN, so most tokens have clear
+                // favourites (routing near-ties would make the comparison with llama.cpp
+                // depend on rounding).
+                let name = p("ffn_gate_inp.weight");
+                let std = ROUTER_GAIN / (d as f32).sqrt();
+                let data: Vec<f32> = (0..m.experts).flat_map(|r| random_row(seed, &name, r, d, std)).collect();
+                w.add_tensor(&name, &[d as u64, m.experts as u64], GgmlType::F32, f32_bytes(&data))?;
+                // Expert-major 3-D tensors [cols, rows, experts]: expert e's matrix is rows
+                // e*rows.. of the flattened tensor.
+                let (e, eff) = (m.experts, m.expert_ffn);
+                experts_tensor(w, &p("ffn_gate_exps.weight"), d, eff, e, 1.0)?;
+                experts_tensor(w, &p("ffn_up_exps.weight"), d, eff, e, 1.0)?;
+                experts_tensor(w, &p("ffn_down_exps.weight"), eff, d, e, 0.5)?;
+                if m.shared_ffn > 0 {
+                    let name = p("ffn_gate_inp_shexp.weight");
+                    f32_tensor(w, &name, random_row(seed, &name, 0, d, 1.0 / (d as f32).sqrt()))?;
+                    matrix(w, &p("ffn_gate_shexp.weight"), d, m.shared_ffn, 1.0)?;
+                    matrix(w, &p("ffn_up_shexp.weight"), d, m.shared_ffn, 1.0)?;
+                    matrix(w, &p("ffn_down_shexp.weight"), m.shared_ffn, d, 0.5)?;
+                }
+            }
+        }
     }
     norm(w, "output_norm.weight", d)?;
     if !spec.tied {

@@ -17,15 +17,21 @@ pub struct CpuBackend {
     threads: usize,
 }
 
-/// A weight borrowed from the mmap of its file.
+/// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
+/// row view such as one expert of a 3-D expert tensor, see `weight_rows`).
 struct CpuWeight {
     file: Arc<GgufFile>,
     index: usize,
+    range: Option<std::ops::Range<usize>>,
 }
 
 impl CpuWeight {
     fn bytes(&self) -> &[u8] {
-        self.file.tensor_data(&self.file.tensors[self.index])
+        let all = self.file.tensor_data(&self.file.tensors[self.index]);
+        match &self.range {
+            Some(r) => &all[r.clone()],
+            None => all,
+        }
     }
 }
 
@@ -129,8 +135,45 @@ impl Backend for CpuBackend {
             ggml_type: info.ggml_type,
             rows,
             cols,
-            inner: Box::new(CpuWeight { file: file.clone(), index }),
+            inner: Box::new(CpuWeight { file: file.clone(), index, range: None }),
         })
+    }
+
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+        let cw = weight(w);
+        if first_row + n_rows > w.rows {
+            bail!("rows {first_row}..{} are outside \"{}\" ({} rows)", first_row + n_rows, w.name, w.rows);
+        }
+        let row_bytes = w.ggml_type.row_bytes(w.cols).with_context(|| format!("row size of \"{}\"", w.name))?;
+        let base = cw.range.as_ref().map_or(0, |r| r.start);
+        let start = base + first_row * row_bytes;
+        Ok(Weight {
+            name: name.to_string(),
+            ggml_type: w.ggml_type,
+            rows: n_rows,
+            cols: w.cols,
+            inner: Box::new(CpuWeight { file: cw.file.clone(), index: cw.index, range: Some(start..start + n_rows * row_bytes) }),
+        })
+    }
+
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+        let (s, d) = (buf(src), buf_mut(dst));
+        self.timed("scatter_rows", rows.len(), || {
+            for (i, &r) in rows.iter().enumerate() {
+                let r = r as usize;
+                d[r * dim..(r + 1) * dim].copy_from_slice(&s[i * dim..(i + 1) * dim]);
+            }
+        })
+    }
+
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+        let (s, o) = (buf(src), buf_mut(out));
+        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o))
+    }
+
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+        let x = buf_mut(x);
+        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim))
     }
 
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {

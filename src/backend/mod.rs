@@ -121,6 +121,39 @@ pub trait Backend: Send + Sync {
     /// Copies rows `rows[i]` of `src` (width `dim`) to row i of dst (the rows whose logits a
     /// batch returns).
     fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer);
+    /// A view of rows `first_row..first_row + n_rows` of `w` (for example one expert's matrix
+    /// of an expert-major 3-D tensor), named `name`, sharing `w`'s storage (no copy). Backends
+    /// without views refuse.
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+        let _ = (first_row, n_rows, name);
+        anyhow::bail!("the {} backend cannot make row views of \"{}\"", self.name(), w.name)
+    }
+    /// dst[rows[i]] = src[i] for each i, rows of width `dim`; `rows` holds no index twice.
+    /// The default goes through host memory.
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+        let mut host = vec![0f32; dim];
+        for (i, &r) in rows.iter().enumerate() {
+            self.read(src, i * dim, &mut host);
+            self.write(dst, r as usize * dim, &host);
+        }
+    }
+    /// out[t] = sum over s < k of weights[t * k + s] * src[t * k + s] for t < n, rows of width
+    /// `dim`: each product is rounded to f32, then the products are added in slot order
+    /// starting from slot 0's (llama.cpp: ggml_mul by the weights, then one ggml_add per slot).
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+        let mut s = vec![0f32; n * k * dim];
+        self.read(src, 0, &mut s);
+        let mut o = vec![0f32; n * dim];
+        weighted_sum_rows_host(&s, weights, n, k, dim, &mut o);
+        self.write(out, 0, &o);
+    }
+    /// x[r] *= scales[r] for each row r of width `dim`.
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+        let mut host = vec![0f32; scales.len() * dim];
+        self.read(x, 0, &mut host);
+        scale_rows_host(&mut host, scales, dim);
+        self.write(x, 0, &host);
+    }
     /// Waits for queued work (no-op on CPU).
     fn synchronize(&self) {}
     /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so
@@ -137,6 +170,29 @@ pub trait Backend: Send + Sync {
     /// What a benchmark fingerprint records about this backend.
     fn fingerprint(&self) -> serde_json::Value {
         serde_json::json!({ "name": self.name(), "variant": self.variant() })
+    }
+}
+
+/// Host implementation of [`Backend::weighted_sum_rows`].
+pub fn weighted_sum_rows_host(src: &[f32], weights: &[f32], n: usize, k: usize, dim: usize, out: &mut [f32]) {
+    for t in 0..n {
+        let o = &mut out[t * dim..(t + 1) * dim];
+        for s in 0..k {
+            let w = weights[t * k + s];
+            let row = &src[(t * k + s) * dim..(t * k + s + 1) * dim];
+            if s == 0 {
+                o.iter_mut().zip(row).for_each(|(o, x)| *o = x * w);
+            } else {
+                o.iter_mut().zip(row).for_each(|(o, x)| *o += x * w);
+            }
+        }
+    }
+}
+
+/// Host implementation of [`Backend::scale_rows`].
+pub fn scale_rows_host(x: &mut [f32], scales: &[f32], dim: usize) {
+    for (row, s) in x.chunks_mut(dim).zip(scales) {
+        row.iter_mut().for_each(|v| *v *= s);
     }
 }
 

@@ -267,5 +267,7 @@ fn model_info(file: &GgufFile, model: &Model, tk: &Tokenizer, ctx_len: usize) ->
         tokenizer_model: file.get_str("tokenizer.ggml.model").unwrap_or("unknown").into(),
         has_chat_template: tk.chat_template().is_some(),
         backend: model.backend().name().into(),
+        expert_count: hp.moe.as_ref().map_or(0, |m| m.n_expert),
+        expert_used_count: hp.moe.as_ref().map_or(0, |m| m.n_expert_used),
     }
 }

@@ -225,4 +225,9 @@ pub struct ModelInfo {
     pub tokenizer_model: String,
     pub has_chat_template: bool,
     pub backend: String,
+    /// Experts per MoE layer and experts used per token (0 for dense models).
+    #[serde(default)]
+    pub expert_count: usize,
+    #[serde(default)]
+    pub expert_used_count: usize,
 }

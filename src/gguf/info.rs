@@ -74,6 +74,12 @@ fn type_summary(f: &GgufFile) -> BTreeMap<GgmlType, (usize, u64, u64)> {
     by_type
 }
 
+/// `{arch}.expert_count` and `{arch}.expert_used_count` of a mixture-of-experts model.
+fn expert_counts(f: &GgufFile) -> Option<(u64, u64)> {
+    let arch = f.architecture()?;
+    Some((f.get_u64(&format!("{arch}.expert_count"))?, f.get_u64(&format!("{arch}.expert_used_count")).unwrap_or(0)))
+}
+
 /// Human-readable report. Long strings and arrays are abbreviated unless `show_all_metadata`.
 pub fn render_info(f: &GgufFile, show_all_metadata: bool) -> String {
     let mut s = String::new();
@@ -83,6 +89,9 @@ pub fn render_info(f: &GgufFile, show_all_metadata: bool) -> String {
     let _ = writeln!(s, "data offset: {}", f.data_offset);
     if let Some(arch) = f.architecture() {
         let _ = writeln!(s, "arch:        {arch}");
+    }
+    if let Some((n, used)) = expert_counts(f) {
+        let _ = writeln!(s, "experts:     {n} ({used} used per token)");
     }
     let _ = writeln!(s, "tensors:     {}", f.tensors.len());
 
@@ -151,6 +160,8 @@ pub fn info_json(f: &GgufFile) -> Value {
         "alignment": f.alignment,
         "data_offset": f.data_offset,
         "architecture": f.architecture(),
+        "expert_count": expert_counts(f).map(|e| e.0),
+        "expert_used_count": expert_counts(f).map(|e| e.1),
         "metadata": metadata,
         "tensors": tensors,
         "tensor_types": summary,

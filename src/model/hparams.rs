@@ -9,6 +9,10 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen2-MoE: qwen2 attention, routed experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: qwen3 attention, routed experts with renormalised top-k weights.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -17,6 +21,8 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen2moe" => Some(Arch::Qwen2Moe),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
             _ => None,
         }
     }
@@ -26,6 +32,8 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -33,17 +41,38 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Norm,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
         }
     }
 
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
+    /// Whether the FFN of every layer is a mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
     }
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3";
+pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, qwen2moe, qwen3moe";
+
+/// Mixture-of-experts hyperparameters (`{arch}.expert_*` metadata).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeParams {
+    pub n_expert: usize,
+    /// Experts each token is routed to (top-k).
+    pub n_expert_used: usize,
+    /// Feed-forward width of one routed expert.
+    pub n_ff_exp: usize,
+    /// Feed-forward width of the shared expert (qwen2moe), 0 when there is none.
+    pub n_ff_shexp: usize,
+    /// Renormalise the top-k weights to sum to 1 (llama.cpp: on for qwen3moe, off for qwen2moe).
+    pub norm_topk: bool,
+    /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1 mean none).
+    pub weights_scale: f32,
+}
 
 #[derive(Debug, Clone)]
 pub struct HParams {
@@ -58,6 +87,8 @@ pub struct HParams {
     pub rms_eps: f32,
     pub rope_base: f32,
     pub n_ctx_train: usize,
+    /// Present for mixture-of-experts architectures.
+    pub moe: Option<MoeParams>,
 }
 
 impl HParams {
@@ -82,18 +113,43 @@ impl HParams {
                 .and_then(|t| t.dims.get(1).copied())
                 .with_context(|| format!("{path}: cannot tell the vocabulary size"))? as usize,
         };
+        let moe = if arch.is_moe() {
+            let n_expert = req_u("expert_count")?;
+            let n_expert_used = req_u("expert_used_count")?;
+            if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
+                bail!("{path}: {n_expert_used} experts used of {n_expert} is not a valid routing");
+            }
+            let n_ff_exp = req_u("expert_feed_forward_length")?;
+            let n_ff_shexp = match arch {
+                Arch::Qwen2Moe => req_u("expert_shared_feed_forward_length")?,
+                _ => 0,
+            };
+            // llama.cpp's graphs fix this per architecture (they ignore `expert_weights_norm`).
+            let norm_topk = arch == Arch::Qwen3Moe;
+            let weights_scale = f.get_f32(&key("expert_weights_scale")).unwrap_or(0.0);
+            Some(MoeParams { n_expert, n_expert_used, n_ff_exp, n_ff_shexp, norm_topk, weights_scale })
+        } else {
+            None
+        };
+        // MoE files may omit the dense feed-forward width; the expert width stands in.
+        let n_ff = match (&moe, f.get_u64(&key("feed_forward_length"))) {
+            (_, Some(v)) => v as usize,
+            (Some(m), None) => m.n_ff_exp,
+            (None, None) => req_u("feed_forward_length")?,
+        };
         let hp = HParams {
             arch,
             n_vocab,
             n_embd,
             n_layer: req_u("block_count")?,
-            n_ff: req_u("feed_forward_length")?,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
             rms_eps: f.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base: f.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
             n_ctx_train: req_u("context_length")?,
+            moe,
         };
         if hp.n_head == 0 || hp.n_head_kv == 0 || !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{path}: head counts {} / {} (kv) are not a valid grouping", hp.n_head, hp.n_head_kv);

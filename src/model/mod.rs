@@ -1,4 +1,4 @@
-//! The transformer forward pass (llama, qwen2, qwen3), written against the Backend trait.
+//! The transformer forward pass (llama, qwen2, qwen3, qwen2moe, qwen3moe), written against the Backend trait.
 //!
 //! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3)
 //! -> RoPE -> KV cache store -> causal GQA attention -> output projection -> residual ->
@@ -6,8 +6,9 @@
 //! is one more variant and one more match arm.
 
 mod hparams;
+pub mod moe;
 
-pub use hparams::{Arch, HParams, SUPPORTED_ARCHS};
+pub use hparams::{Arch, HParams, MoeParams, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
@@ -29,6 +30,8 @@ pub struct Attention {
 pub enum Ffn {
     /// SwiGLU: down(silu(gate x) * up x).
     Dense { gate: Weight, up: Weight, down: Weight },
+    /// Mixture of experts (qwen3moe, qwen2moe): see `moe`.
+    Moe(Box<moe::MoeWeights>),
 }
 
 pub struct Layer {
@@ -112,11 +115,15 @@ impl Model {
             if hp.arch.has_qk_norm() && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
                 bail!("{}: layer {i} lacks attn_q_norm/attn_k_norm required by {}", file.path.display(), hp.arch.name());
             }
-            let ffn = Ffn::Dense { gate: w(&p("ffn_gate.weight"))?, up: w(&p("ffn_up.weight"))?, down: w(&p("ffn_down.weight"))? };
-            let Ffn::Dense { gate, up, down } = &ffn;
-            expect_shape(gate, hp.n_embd, hp.n_ff)?;
-            expect_shape(up, hp.n_embd, hp.n_ff)?;
-            expect_shape(down, hp.n_ff, hp.n_embd)?;
+            let ffn = if hp.moe.is_some() {
+                Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp)?))
+            } else {
+                let (gate, up, down) = (w(&p("ffn_gate.weight"))?, w(&p("ffn_up.weight"))?, w(&p("ffn_down.weight"))?);
+                expect_shape(&gate, hp.n_embd, hp.n_ff)?;
+                expect_shape(&up, hp.n_embd, hp.n_ff)?;
+                expect_shape(&down, hp.n_ff, hp.n_embd)?;
+                Ffn::Dense { gate, up, down }
+            };
             layers.push(Layer { attn_norm: w(&p("attn_norm.weight"))?, attn, ffn_norm: w(&p("ffn_norm.weight"))?, ffn });
         }
         let output_norm = w("output_norm.weight")?;
@@ -255,6 +262,7 @@ impl Model {
                     be.silu_mul(&mut gate, &up, n * ff);
                     be.matmul(wd, &gate, n, &mut h);
                 }
+                Ffn::Moe(m) => moe::ffn(be, m, &mut h, n, d)?,
             }
             be.add(&mut x, &h, n * d);
         }

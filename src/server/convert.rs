@@ -130,6 +130,8 @@ pub fn model_info(name: &str, i: &engine::ModelInfo) -> proto::ModelInfo {
         has_chat_template: i.has_chat_template,
         backend: i.backend.clone(),
         file_sha256: i.file_sha256.clone(),
+        expert_count: i.expert_count as u32,
+        expert_used_count: i.expert_used_count as u32,
     }
 }
 

@@ -556,6 +556,13 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
+        if hp.moe.is_some() {
+            bail!(
+                "{} backend: {} is a mixture-of-experts model, which only the CPU backend runs so far",
+                self.api.backend_name(),
+                hp.arch.name()
+            );
+        }
         if hp.head_dim != 64 && hp.head_dim != 128 {
             bail!("{} backend: head_dim {} has no attention kernel (64 and 128 are built)", self.api.backend_name(), hp.head_dim);
         }
