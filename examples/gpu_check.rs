@@ -77,7 +77,8 @@ fn batch_vs_solo(model: &Model, prompt: &[u32]) -> anyhow::Result<f64> {
         solo.push((a, b));
     }
     let mut caches = parts.iter().map(|p| model.new_cache(p.len() + 1)).collect::<anyhow::Result<Vec<_>>>()?;
-    let mut rows: Vec<SeqRows> = caches.iter_mut().zip(parts).map(|(cache, tokens)| SeqRows { cache, tokens, logits: Logits::Last }).collect();
+    let mut rows: Vec<SeqRows> =
+        caches.iter_mut().zip(parts).map(|(cache, tokens)| SeqRows { cache, tokens, logits: Logits::Last }).collect();
     let prefill = model.forward_batch(&mut rows)?;
     drop(rows);
     let decode_tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();

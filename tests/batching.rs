@@ -8,9 +8,7 @@ mod common;
 use civetta::backend;
 use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams, SubmitError};
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
-use std::path::{Path, PathBuf};
-
-const SMOLLM2: &str = "models/smollm2-135m-instruct-q4_1.gguf";
+use std::path::Path;
 
 fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
@@ -140,19 +138,9 @@ fn batched_logits_equal_solo_logits_bit_for_bit_on_synthetic_models() {
     }
 }
 
-fn smollm2() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(SMOLLM2);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent (scripts/fetch-smollm2.sh installs it)", p.display());
-        None
-    }
-}
-
 #[test]
 fn batched_logits_equal_solo_logits_bit_for_bit_on_smollm2() {
-    let Some(path) = smollm2() else { return };
+    let path = common::smollm2();
     check_model(&path, &[9, 70, 3], 5);
 }
 

@@ -6,7 +6,7 @@
 //! - tests/python/openai_api_check.py drives it with the official `openai` package:
 //!   streaming, stop sequences, seeds, logprobs, every error status, cancellation.
 //!
-//! Skipped without models/smollm2-135m-instruct-q4_1.gguf (unless CIVETTA_REQUIRE_REAL_MODEL=1);
+//! Needs models/smollm2-135m-instruct-q4_1.gguf (installed through scripts/fetch-smollm2.sh if absent);
 //! the python part needs `pip install openai` (scripts/test-deps.sh) unless CIVETTA_SKIP_PYTHON=1.
 
 mod common;
@@ -19,21 +19,10 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;
 
-const MODEL: &str = "models/smollm2-135m-instruct-q4_1.gguf";
 const TOKENS: u32 = 16;
 
 fn real_model() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(MODEL);
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var("CIVETTA_REQUIRE_REAL_MODEL").as_deref() != Ok("1"),
-        "{} is missing and CIVETTA_REQUIRE_REAL_MODEL=1: run scripts/fetch-smollm2.sh",
-        path.display()
-    );
-    eprintln!("skipping: {} is absent (scripts/fetch-smollm2.sh installs it)", path.display());
-    None
+    Some(common::smollm2())
 }
 
 fn post(url: &str, body: &Value) -> (u16, String) {

