@@ -183,6 +183,8 @@ async fn bad_requests_are_invalid_argument_and_reach_no_model() {
         let err = generate(&mut client, req).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{phrase}: {err:?}");
         assert!(err.message().contains(phrase), "expected {phrase:?} in {:?}", err.message());
+        let violations = tonic_types::StatusExt::get_details_bad_request(&err).expect("google.rpc.BadRequest").field_violations;
+        assert!(!violations[0].field.is_empty() && violations[0].description == err.message(), "{violations:?}");
     }
     // An unknown model name is NOT_FOUND (well-formed request, no such entity here).
     let err = generate(&mut client, GenerateRequest { model: "no-such-model".into(), ..base.clone() }).await.unwrap_err();

@@ -43,6 +43,9 @@ async fn full_queue_is_resource_exhausted_with_a_retry_hint() {
     assert!(err.message().contains("retry after"), "{err:?}");
     let hint: u64 = err.metadata().get("retry-after-ms").expect("retry-after-ms metadata").to_str().unwrap().parse().unwrap();
     assert!(hint > 0);
+    use tonic_types::StatusExt;
+    let retry = err.get_details_retry_info().expect("google.rpc.RetryInfo in the status details");
+    assert_eq!(retry.retry_delay, Some(Duration::from_millis(hint)));
     let m = d.samples();
     assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "queue_full")]), 1.0);
     assert_eq!(m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "RESOURCE_EXHAUSTED")]), 1.0);

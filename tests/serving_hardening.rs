@@ -228,3 +228,23 @@ async fn transport_refusals_have_conventional_codes_and_are_counted() {
         0.0
     );
 }
+
+/// `/metrics` keeps answering during the shutdown grace period (it used to stop at SIGTERM,
+/// blinding dashboards during the drain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_during_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let mut d = Daemon::start(&model, &["--shutdown-grace", "3", "--context", "2048"]);
+    let mut client = d.client().await;
+    let mut stream = client.generate(greedy("keep going", 1900)).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    d.sigterm();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Still draining: the stream is open and /metrics shows it.
+    let m = d.samples();
+    assert_eq!(m.sum("civetta_requests_in_flight", &[]), 1.0, "{}", m.text);
+    drop(stream);
+    let status = d.wait_exit(Duration::from_secs(20)).expect("the daemon exits after the grace period");
+    assert!(status.success(), "{status:?}");
+}

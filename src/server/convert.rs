@@ -6,7 +6,8 @@ use crate::engine::{self, FinishReason, GenerationSummary, PromptInput, SubmitEr
 use crate::kernel_registry::KernelSnapshot;
 use crate::proto;
 use std::time::Duration;
-use tonic::Status;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 /// Proto defaults that mean "unset" (proto3 scalars cannot be absent).
 const DEFAULT_TOP_P: f32 = 1.0;
@@ -21,12 +22,15 @@ pub fn generation_request(r: proto::GenerateRequest, served_model: &str) -> Resu
         (false, true) => PromptInput::Text { text: r.prompt, add_bos: r.add_bos },
         (true, false) => {
             if let Some(i) = r.messages.iter().position(|m| m.role.trim().is_empty()) {
-                return Err(Status::invalid_argument(format!("messages[{i}].role is empty (use \"system\", \"user\" or \"assistant\")")));
+                return Err(bad_request(
+                    &format!("messages[{i}].role"),
+                    format!("messages[{i}].role is empty (use \"system\", \"user\" or \"assistant\")"),
+                ));
             }
             PromptInput::Chat(r.messages.into_iter().map(|m| engine::ChatMessage { role: m.role, content: m.content }).collect())
         }
-        (true, true) => return Err(Status::invalid_argument("prompt is empty: set `prompt` or `messages`")),
-        (false, false) => return Err(Status::invalid_argument("set only one of `prompt` and `messages`, not both")),
+        (true, true) => return Err(bad_request("prompt", "prompt is empty: set `prompt` or `messages`".into())),
+        (false, false) => return Err(bad_request("messages", "set only one of `prompt` and `messages`, not both".into())),
     };
     let s = r.sampling.unwrap_or_default();
     Ok(engine::GenerationRequest {
@@ -61,7 +65,7 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// The gRPC status for a refused submission.
 pub fn submit_status(e: SubmitError) -> Status {
     match e {
-        SubmitError::Invalid(m) => Status::invalid_argument(m),
+        SubmitError::Invalid(m) => bad_request(invalid_field(&m), m),
         SubmitError::QueueFull { queued, retry_after_ms } => {
             busy_status(&format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"), retry_after_ms)
         }
@@ -69,11 +73,39 @@ pub fn submit_status(e: SubmitError) -> Status {
     }
 }
 
-/// RESOURCE_EXHAUSTED with the retry hint in the `retry-after-ms` trailer.
+/// RESOURCE_EXHAUSTED with the retry hint as `google.rpc.RetryInfo` in the status details
+/// and in the `retry-after-ms` trailer.
 pub fn busy_status(message: &str, retry_after_ms: u64) -> Status {
-    let mut s = Status::resource_exhausted(message);
+    let details = ErrorDetails::with_retry_info(Some(Duration::from_millis(retry_after_ms)));
+    let mut s = Status::with_error_details(Code::ResourceExhausted, message, details);
     s.metadata_mut().insert(RETRY_AFTER_MS, retry_after_ms.into());
     s
+}
+
+/// INVALID_ARGUMENT with a `google.rpc.BadRequest` naming the field.
+pub fn bad_request(field: &str, description: String) -> Status {
+    let details = ErrorDetails::with_bad_request_violation(field, description.clone());
+    Status::with_error_details(Code::InvalidArgument, description, details)
+}
+
+/// The request field an engine validation message is about (the messages start with it).
+fn invalid_field(message: &str) -> &'static str {
+    const SAMPLING: &[(&str, &str)] = &[
+        ("temperature", "sampling.temperature"),
+        ("top_p", "sampling.top_p"),
+        ("min_p", "sampling.min_p"),
+        ("repetition_penalty", "sampling.repetition_penalty"),
+        ("max_tokens", "max_tokens"),
+        ("messages", "messages"),
+        ("chat template", "messages"),
+    ];
+    if let Some((_, field)) = SAMPLING.iter().find(|(prefix, _)| message.starts_with(prefix)) {
+        return field;
+    }
+    if message.contains("stop sequence") {
+        return "stop";
+    }
+    "prompt"
 }
 
 /// The `reason` label of `civetta_requests_rejected_total`.
@@ -180,7 +212,6 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
 
     fn req() -> proto::GenerateRequest {
         proto::GenerateRequest { prompt: "hi".into(), max_tokens: 4, ..Default::default() }
@@ -237,6 +268,24 @@ mod tests {
         let e = generation_request(proto::GenerateRequest { model: "other".into(), ..req() }, "m").unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
         assert!(e.message().contains("unknown model \"other\""), "{e:?}");
+    }
+
+    #[test]
+    fn errors_carry_rich_details() {
+        let s = submit_status(SubmitError::QueueFull { queued: 3, retry_after_ms: 650 });
+        assert_eq!(s.get_details_retry_info().and_then(|r| r.retry_delay), Some(Duration::from_millis(650)));
+        for (message, field) in [
+            ("top_p must be in (0, 1], got 1.5", "sampling.top_p"),
+            ("max_tokens must be at least 1", "max_tokens"),
+            ("at most 16 stop sequences, got 17", "stop"),
+            ("prompt has at least 2048 tokens; the context holds 2048", "prompt"),
+        ] {
+            let s = submit_status(SubmitError::Invalid(message.into()));
+            let v = s.get_details_bad_request().expect("BadRequest").field_violations;
+            assert_eq!((v[0].field.as_str(), v[0].description.as_str()), (field, message));
+        }
+        let e = generation_request(proto::GenerateRequest { prompt: String::new(), ..req() }, "m").unwrap_err();
+        assert_eq!(e.get_details_bad_request().unwrap().field_violations[0].field, "prompt");
     }
 
     #[test]

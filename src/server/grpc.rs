@@ -82,7 +82,7 @@ impl Inference for InferenceService {
         // Forwards engine events to the client. Leaving this task drops `stream`, which
         // cancels the sequence: on client disconnect, deadline, or the end of generation.
         tokio::spawn(async move {
-            let mut last_token: Option<Instant> = None;
+            let mut timer = TokenTimer { started, last: None };
             let code = loop {
                 let event = tokio::select! {
                     ev = stream.next() => ev,
@@ -94,12 +94,7 @@ impl Inference for InferenceService {
                 };
                 let (msg, last) = match event {
                     Some(GenerationEvent::Token { id, text, logprob }) => {
-                        let now = Instant::now();
-                        match last_token {
-                            None => metrics.ttft.observe((now - started).as_secs_f64()),
-                            Some(prev) => metrics.itl.observe((now - prev).as_secs_f64()),
-                        }
-                        last_token = Some(now);
+                        timer.token(&metrics);
                         metrics.generated_tokens.inc();
                         (
                             Ok(proto::GenerateResponse { event: Some(Event::Token(proto::TokenDelta { token_id: id, text, logprob })) }),
@@ -107,6 +102,7 @@ impl Inference for InferenceService {
                         )
                     }
                     Some(GenerationEvent::Done(s)) => {
+                        timer.done(&metrics);
                         (Ok(proto::GenerateResponse { event: Some(Event::Done(convert::done_message(s))) }), true)
                     }
                     Some(GenerationEvent::Error(_)) | None if draining.load(Ordering::SeqCst) => {
@@ -189,10 +185,60 @@ impl Inference for InferenceService {
     }
 }
 
+/// Time to first token and inter-token latency of one stream.
+struct TokenTimer {
+    started: Instant,
+    last: Option<Instant>,
+}
+
+impl TokenTimer {
+    /// A streamed token: the first observes TTFT, the others the gap since the previous one.
+    fn token(&mut self, metrics: &Metrics) {
+        let now = Instant::now();
+        match self.last {
+            None => metrics.ttft.observe((now - self.started).as_secs_f64()),
+            Some(prev) => metrics.itl.observe((now - prev).as_secs_f64()),
+        }
+        self.last = Some(now);
+    }
+
+    /// A successful end. A generation whose first token was EOS streams no token, but the
+    /// model did produce its first token: TTFT is observed then.
+    fn done(&mut self, metrics: &Metrics) {
+        if self.last.is_none() {
+            metrics.ttft.observe(self.started.elapsed().as_secs_f64());
+            self.last = Some(Instant::now());
+        }
+    }
+}
+
 /// Sleeps until the deadline, or forever without one.
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Metrics {
+        let env = crate::envinfo::Fingerprint::from_fields(vec![crate::envinfo::Field::new("toolchain.kernel_compiler", "none", "test")]);
+        Metrics::new(&super::super::metrics::BuildLabels::new("cpu", &env), &env).unwrap()
+    }
+
+    #[test]
+    fn eos_first_still_observes_time_to_first_token() {
+        let m = metrics();
+        TokenTimer { started: Instant::now(), last: None }.done(&m);
+        assert_eq!((m.ttft.get_sample_count(), m.itl.get_sample_count()), (1, 0));
+        // A stream with tokens observes TTFT once, at its first token.
+        let mut t = TokenTimer { started: Instant::now(), last: None };
+        t.token(&m);
+        t.token(&m);
+        t.done(&m);
+        assert_eq!((m.ttft.get_sample_count(), m.itl.get_sample_count()), (2, 1));
     }
 }

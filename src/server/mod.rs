@@ -192,7 +192,10 @@ pub async fn run(
     let inference = transport_status::TransportStatus::new(inference, metrics.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), stop_rx.clone()));
+    // /metrics keeps answering through the grace period (dashboards watch the drain); it
+    // stops when the gRPC server has finished.
+    let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = tokio::spawn(serve_metrics(metrics_listener, metrics.clone(), metrics_stop_rx));
     let grace = Duration::from_secs_f64(cfg.server.shutdown_grace_seconds);
     let http_task = http_listener.map(|listener| {
         let state = Arc::new(http::HttpState {
@@ -249,14 +252,19 @@ pub async fn run(
         let _ = stopping.wait_for(|s| *s).await;
         tokio::time::sleep(grace + FORCE_CLOSE_AFTER_GRACE).await;
     };
-    tokio::select! {
-        r = server => r.context("gRPC server")?,
-        _ = forced => tracing::warn!("connections still open after the grace period; closing them"),
-    }
+    let served = tokio::select! {
+        r = server => r.context("gRPC server"),
+        _ = forced => {
+            tracing::warn!("connections still open after the grace period; closing them");
+            Ok(())
+        }
+    };
     if let Some(t) = http_task {
         let _ = t.await;
     }
+    let _ = metrics_stop_tx.send(true);
     let _ = metrics_task.await;
+    served?;
     tracing::info!("stopped");
     Ok(())
 }

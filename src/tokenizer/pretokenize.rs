@@ -243,14 +243,14 @@ mod regex_tests {
     use super::*;
 
     /// The pre-tokenizer as a backtracking engine runs the expressions (the oracle).
-    fn fancy_split<'a>(stages: &[fancy_regex::Regex], text: &'a str) -> Result<Vec<&'a str>, fancy_regex::Error> {
+    fn fancy_split<'a>(stages: &[fancy_regex::Regex], text: &'a str) -> Vec<&'a str> {
         let mut pieces = vec![text];
         for re in stages {
             let mut next = Vec::new();
             for piece in pieces {
                 let mut last = 0;
                 for m in re.find_iter(piece) {
-                    let m = m?;
+                    let m = m.expect("short inputs stay within fancy_regex's limits");
                     if m.start() > last {
                         next.push(&piece[last..m.start()]);
                     }
@@ -265,7 +265,7 @@ mod regex_tests {
             }
             pieces = next;
         }
-        Ok(pieces)
+        pieces
     }
 
     fn fancy(stages: &[&str]) -> Vec<fancy_regex::Regex> {
@@ -300,7 +300,7 @@ mod regex_tests {
                 let n = rng.gen_range(0..40);
                 // Runs make whitespace and letter sequences of every length likely.
                 let text: String = (0..n).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())].repeat(rng.gen_range(1..4))).collect();
-                assert_eq!(pre.split(&text), fancy_split(&oracle, &text).unwrap(), "{stages:?} on {text:?}");
+                assert_eq!(pre.split(&text), fancy_split(&oracle, &text), "{stages:?} on {text:?}");
             }
         }
     }
@@ -315,7 +315,7 @@ mod regex_tests {
             for run in ["x", " ", "\t", "7", "!"] {
                 let long = format!("{}{tail}", run.repeat(1_000_000));
                 let short = format!("{}{tail}", run.repeat(12));
-                let (got, want) = (pre.split(&long), fancy_split(&oracle, &short).unwrap());
+                let (got, want) = (pre.split(&long), fancy_split(&oracle, &short));
                 assert_eq!(got.concat(), long);
                 // Everything after the run is split as it is after a short run.
                 let tail_of = |pieces: &[&str]| {
