@@ -10,7 +10,11 @@
 //!   within MAX_LOGIT_ERROR of llama.cpp's (max |diff| / max |logit| over the 64 top ids and
 //!   every 256th id the fixture holds) with the same top-1;
 //! - greedy generation equals llama.cpp's for 32 tokens on 3 raw prompts and 2 chat-format
-//!   prompts from llama.cpp's prompt ids, and from the raw prompt text (tokenizer included).
+//!   prompts from llama.cpp's prompt ids, and from the raw prompt text (tokenizer included),
+//!   up to the first near tie (llama.cpp's top-1/top-2 margin below NEAR_TIE of max |logit|):
+//!   unlike SmolLM2 (docs/REFERENCE.md), civetta is not yet bit-identical to llama.cpp on this
+//!   file (last-prompt logits about 2e-2 apart), so a near tie may go either way; a divergence
+//!   at a clear margin fails.
 //!
 //! Without models/gemma-3-270m-q4_k_m.gguf these tests are skipped, unless
 //! CIVETTA_REQUIRE_REAL_MODEL=1 (CI), which makes the absence a failure.
@@ -31,6 +35,9 @@ const GREEDY_TOKENS: usize = 32;
 /// the measured range of the quantised types against ggml-exact references is up to ~2e-2 per
 /// activation-rounding flip (docs/REFERENCE.md); a wrong kernel or layer moves logits by O(1).
 const MAX_LOGIT_ERROR: f64 = 5e-2;
+/// A step whose llama.cpp top-1/top-2 margin is below this fraction of max |logit| is a near
+/// tie (the same bound as tests/reference_logits.rs and tests/real_model.rs).
+const NEAR_TIE: f64 = 1e-2;
 
 fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -173,6 +180,12 @@ fn greedy_mismatches(model: &PathBuf, from_text: bool) -> Vec<String> {
         );
         let got = ids_of(&out["token_ids"]);
         if let Some(i) = first_difference(&got, expected) {
+            let margin = p["rel_margins"][i].as_f64().unwrap_or(f64::NAN);
+            let near_tie = margin < NEAR_TIE && got.get(i).map(|&g| g as u64) == p["runner_up"][i].as_u64();
+            if near_tie {
+                eprintln!("{:?}: diverges at a near tie at generated token {i} (llama.cpp margin {margin:.4}); equal before it", p["text"]);
+                continue;
+            }
             mismatches.push(format!(
                 "{:?}: first difference at generated token {i}: civetta {:?} vs llama.cpp {:?} (llama.cpp runner-up {}, margin {:.4} of max |logit|)\n  civetta   {got:?}\n  llama.cpp {expected:?}",
                 p["text"],
