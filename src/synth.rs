@@ -26,20 +26,20 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
-pub const ARCHES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const ARCHES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 /// Mixture-of-experts architectures: the attention of their dense family (qwen2, qwen3) with
 /// routed experts (and qwen2moe's shared expert) in place of the dense FFN.
 pub const MOE_ARCHES: [&str; 2] = ["qwen2moe", "qwen3moe"];
-pub const QUANTS: [&str; 9] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"];
+pub const QUANTS: [&str; 11] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"];
 pub const SIZES: [&str; 4] = ["tiny", "small", "1b", "8b"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe.
+    /// Architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Type of the 2-D weight matrices (token_embd included; norms and biases stay f32):
-    /// f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k.
+    /// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k.
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Size preset: tiny (tests), small, 1b, 8b (realistic shapes for benchmarks).
@@ -132,7 +132,7 @@ impl SynthSpec {
         };
         // Qwen3 decouples the head size from dim / heads; the tiny preset uses a larger head
         // than dim / heads so that the reference tests exercise that.
-        let head_dim = if family(arch) == "qwen3" { qwen3_head_dim } else { dim / heads };
+        let head_dim = if decoupled_head_dim(arch) { qwen3_head_dim } else { dim / heads };
         // Qwen3-30B-A3B routes to 8 of 128 experts of width 768 (dim 2048); the small presets
         // keep 8 experts, top-2, and experts as wide as a K-quant block row allows.
         let moe = MOE_ARCHES.contains(&arch).then(|| {
@@ -181,11 +181,11 @@ impl SynthSpec {
             s.dim = a.dim.unwrap_or(s.dim);
             s.heads = a.heads.unwrap_or(s.heads);
             ensure!(s.heads > 0, "heads must be at least 1");
-            s.head_dim = match (family(&s.arch), a.head_dim) {
-                ("qwen3", Some(h)) => h,
-                ("qwen3", None) => s.head_dim,
+            s.head_dim = match (s.arch.as_str(), a.head_dim) {
+                (arch, Some(h)) if decoupled_head_dim(arch) => h,
+                (arch, None) if decoupled_head_dim(arch) => s.head_dim,
                 (_, None) => s.dim / s.heads,
-                (arch, Some(_)) => bail!("--head-dim is only for qwen3 ({arch} uses dim / heads)"),
+                (arch, Some(_)) => bail!("--head-dim is only for qwen3 and gemma3 ({arch} uses dim / heads)"),
             };
         }
         s.validate()?;
@@ -227,7 +227,7 @@ impl SynthSpec {
         }
         ensure!(self.heads.is_multiple_of(self.kv_heads), "heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads);
         ensure!(self.head_dim.is_multiple_of(2), "the head size ({}) must be even for RoPE", self.head_dim);
-        if family(&self.arch) != "qwen3" {
+        if !decoupled_head_dim(&self.arch) {
             ensure!(
                 self.heads * self.head_dim == self.dim,
                 "{}: heads x head size ({} x {}) must equal dim ({})",
@@ -251,6 +251,10 @@ impl SynthSpec {
         self.arch == "llama"
     }
 
+    fn is_gemma3(&self) -> bool {
+        self.arch == "gemma3"
+    }
+
     /// The family's special tokens, appended after the BPE and padding tokens.
     fn specials(&self) -> &'static [&'static str] {
         if self.is_llama() {
@@ -269,6 +273,16 @@ fn family(arch: &str) -> &str {
         a => a,
     }
 }
+
+/// Qwen3 (and qwen3moe) and Gemma 3 state the head size (key_length) instead of deriving it as
+/// dim / heads.
+fn decoupled_head_dim(arch: &str) -> bool {
+    matches!(family(arch), "qwen3" | "gemma3")
+}
+
+/// Gemma 3's local-attention window in synthetic models: short, so that prompts of a few
+/// dozen tokens already reach past it on the local layers (the real 270M model has 512).
+pub const GEMMA3_SYNTH_WINDOW: usize = 8;
 
 fn parse_quant(s: &str) -> anyhow::Result<GgmlType> {
     match GgmlType::parse(s) {
@@ -314,6 +328,8 @@ fn file_type(t: GgmlType) -> u32 {
         Q4_0 => 2,
         Q4_1 => 3,
         Q8_0 => 7,
+        Q5_0 => 8,
+        Q5_1 => 9,
         Q4_K => 14, // Q4_K_S: every matrix Q4_K
         Q5_K => 16, // Q5_K_S
         Q6_K => 18,
@@ -354,7 +370,7 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
         w.add_metadata(&k("vocab_size"), u(spec.vocab));
         w.add_metadata(&k("rope.dimension_count"), u(spec.head_dim));
     }
-    if family(a) == "qwen3" {
+    if decoupled_head_dim(a) {
         w.add_metadata(&k("attention.key_length"), u(spec.head_dim));
         w.add_metadata(&k("attention.value_length"), u(spec.head_dim));
     }
@@ -365,6 +381,11 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
         if m.shared_ffn > 0 {
             w.add_metadata(&k("expert_shared_feed_forward_length"), u(m.shared_ffn));
         }
+    }
+    if spec.is_gemma3() {
+        // As the real file: sliding window, no pattern key (llama.cpp's default period 6)
+        // and no freq_base_swa (default 10000).
+        w.add_metadata(&k("attention.sliding_window"), u(GEMMA3_SYNTH_WINDOW));
     }
 }
 
@@ -442,12 +463,15 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
                 f32_tensor(w, &name, gaussian(tensor_seed(seed, &name), n).into_iter().map(|x| 0.1 * x).collect())?;
             }
         }
-        if family(&spec.arch) == "qwen3" {
+        if decoupled_head_dim(&spec.arch) {
             norm(w, &p("attn_q_norm.weight"), spec.head_dim)?;
             norm(w, &p("attn_k_norm.weight"), spec.head_dim)?;
         }
         // The residual branches are scaled down so the stream stays dominated by no one layer.
         matrix(w, &p("attn_output.weight"), qd, d, 0.5)?;
+        if spec.is_gemma3() {
+            norm(w, &p("post_attention_norm.weight"), d)?;
+        }
         norm(w, &p("ffn_norm.weight"), d)?;
         match &spec.moe {
             None => {
@@ -478,6 +502,9 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
                     matrix(w, &p("ffn_down_shexp.weight"), m.shared_ffn, d, 0.5)?;
                 }
             }
+        }
+        if spec.is_gemma3() {
+            norm(w, &p("post_ffw_norm.weight"), d)?;
         }
     }
     norm(w, "output_norm.weight", d)?;
@@ -587,8 +614,9 @@ mod tests {
             let names: Vec<&str> = f.tensors.iter().map(|t| t.name.as_str()).collect();
             let per_layer = match arch {
                 "llama" => 9,
-                "qwen2" => 12, // + q/k/v biases
-                _ => 11,       // + q/k norms
+                "qwen2" => 12,  // + q/k/v biases
+                "gemma3" => 13, // + q/k norms, post-attention and post-FFN norms
+                _ => 11,        // + q/k norms
             };
             assert_eq!(names.len(), 3 + 2 * per_layer, "{arch}: {names:?}");
             let dims = |n: &str| f.tensors.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{arch}: no {n}")).dims.clone();
@@ -603,13 +631,14 @@ mod tests {
             assert_eq!((ty("blk.0.ffn_up.weight"), ty("blk.0.attn_norm.weight"), ty("output.weight")), (q, GgmlType::F32, q));
             match arch {
                 "qwen2" => assert_eq!(dims("blk.0.attn_k.bias"), vec![2 * hd]),
-                "qwen3" => assert_eq!((dims("blk.0.attn_q_norm.weight"), hd), (vec![64], 64)),
+                "qwen3" | "gemma3" => assert_eq!((dims("blk.0.attn_q_norm.weight"), hd), (vec![64], 64)),
                 _ => {}
             }
             assert_eq!(f.get_str("general.architecture"), Some(arch));
             assert_eq!(f.get_u64(&format!("{arch}.attention.head_count_kv")), Some(2));
             assert_eq!(f.get_u64("general.file_type"), Some(7));
-            assert_eq!(f.get_u64(&format!("{arch}.attention.key_length")).is_some(), arch == "qwen3");
+            assert_eq!(f.get_u64(&format!("{arch}.attention.key_length")).is_some(), decoupled_head_dim(arch));
+            assert_eq!(f.get_u64(&format!("{arch}.attention.sliding_window")).is_some(), arch == "gemma3");
 
             let tk = crate::tokenizer::Tokenizer::from_gguf(&f).unwrap();
             assert_eq!(tk.vocab_size(), 640);

@@ -420,8 +420,11 @@ impl Backend for CpuBackend {
                         let t = idx / s.n_head_kv;
                         let g = idx % s.n_head_kv;
                         let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
-                        let rows = s.start_pos + t + 1;
-                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                        let end = s.start_pos + t + 1;
+                        // A sliding-window layer sees only the last `window` positions.
+                        let first = s.window.map_or(0, |w| end.saturating_sub(w));
+                        let rows = end - first;
+                        let (k, v) = (&kc[first * kv_dim + g * hd..], &vc[first * kv_dim + g * hd..]);
                         if !f16::attend_group(qg, hd, k, v, kv_dim, rows, scale, out_g, scratch) {
                             for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
                                 f16::attend_row_steps(qh, k, v, kv_dim, rows, scale, q16, acc, out_h);
@@ -439,6 +442,17 @@ impl Backend for CpuBackend {
         let g = buf_mut(gate);
         let u = buf(up);
         self.timed("silu_mul", 1, || silu::swiglu(&mut g[..n], &u[..n]))
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        let g = buf_mut(gate);
+        let u = buf(up);
+        self.timed("gelu_tanh_mul", 1, || super::geglu::geglu_ggml(&mut g[..n], &u[..n]))
+    }
+
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+        let xs = buf_mut(x);
+        self.timed("scale", 1, || xs[..n].iter_mut().for_each(|v| *v *= s))
     }
 
     fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {

@@ -5,6 +5,7 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
+pub mod geglu;
 pub mod gpu;
 
 use crate::gguf::{GgmlType, GgufFile};
@@ -47,6 +48,10 @@ pub struct AttentionShape {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// Sliding-window attention (Gemma 3's local layers): the query at position p attends only
+    /// to positions p - window + 1 ..= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD mask). None:
+    /// every earlier position.
+    pub window: Option<usize>,
 }
 
 pub trait Backend: Send + Sync {
@@ -114,6 +119,22 @@ pub trait Backend: Send + Sync {
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
+    /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it
+    /// (`geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
+        self.read(gate, 0, &mut g);
+        self.read(up, 0, &mut u);
+        geglu::geglu_ggml(&mut g, &u);
+        self.write(gate, 0, &g);
+    }
+    /// x *= s over n elements (Gemma's embedding scale). The default goes through host memory.
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+        let mut v = vec![0f32; n];
+        self.read(x, 0, &mut v);
+        v.iter_mut().for_each(|e| *e *= s);
+        self.write(x, 0, &v);
+    }
     /// x += y over n elements.
     fn add(&self, x: &mut Buffer, y: &Buffer, n: usize);
     /// Copies row `src_row` of `src` (width `dim`) to row 0 of dst.

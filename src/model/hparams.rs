@@ -13,6 +13,8 @@ pub enum Arch {
     Qwen2Moe,
     /// Qwen3-MoE: qwen3 attention, routed experts with renormalised top-k weights.
     Qwen3Moe,
+    /// Gemma 3 (text): the `crate::model` docs list what differs from llama.
+    Gemma3,
 }
 
 impl Arch {
@@ -23,6 +25,7 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "qwen2moe" => Some(Arch::Qwen2Moe),
             "qwen3moe" => Some(Arch::Qwen3Moe),
+            "gemma3" => Some(Arch::Gemma3),
             _ => None,
         }
     }
@@ -34,20 +37,22 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
-    /// llama.cpp: LLAMA_ROPE_TYPE_NORM for llama, NEOX for the Qwen family.
+    /// llama.cpp: LLAMA_ROPE_TYPE_NORM for llama, NEOX for the Qwen and Gemma families
+    /// (llama_model_rope_type).
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Gemma3 => RopeStyle::Neox,
         }
     }
 
-    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
     }
 
     /// Whether the FFN of every layer is a mixture of experts.
@@ -56,7 +61,7 @@ impl Arch {
     }
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, qwen2moe, qwen3moe";
+pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
 
 /// Mixture-of-experts hyperparameters (`{arch}.expert_*` metadata).
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +94,21 @@ pub struct HParams {
     pub n_ctx_train: usize,
     /// Present for mixture-of-experts architectures.
     pub moe: Option<MoeParams>,
+    /// Interleaved sliding-window (local) attention layers (Gemma 3); None: every layer global.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Gemma 3's local layers, as llama.cpp's gemma3 loader reads them: `{arch}.attention.
+/// sliding_window` positions, layer i local when i % period < period - 1 (period from
+/// `{arch}.attention.sliding_window_pattern`, default 6: five local layers, then one global),
+/// local layers rotated with `{arch}.rope.freq_base_swa` (default 10000, llama_hparams'
+/// rope_freq_base_train_swa), global ones with `rope.freq_base`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// A local layer's query at position p attends to positions p - window + 1 ..= p.
+    pub window: usize,
+    pub period: usize,
+    pub rope_base: f32,
 }
 
 impl HParams {
@@ -137,7 +157,7 @@ impl HParams {
             (Some(m), None) => m.n_ff_exp,
             (None, None) => req_u("feed_forward_length")?,
         };
-        let hp = HParams {
+        let mut hp = HParams {
             arch,
             n_vocab,
             n_embd,
@@ -150,7 +170,27 @@ impl HParams {
             rope_base: f.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
             n_ctx_train: req_u("context_length")?,
             moe,
+            sliding_window: None,
         };
+        if arch == Arch::Gemma3 {
+            hp.rms_eps = f.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
+            if f.get(&key("attention.sliding_window_pattern")).is_some_and(|v| v.as_u64().is_none()) {
+                bail!("{path}: a per-layer array in {} is not supported (only a period)", key("attention.sliding_window_pattern"));
+            }
+            if let Some(window) = f.get_u64(&key("attention.sliding_window")).filter(|w| *w > 0) {
+                let period = f.get_u64(&key("attention.sliding_window_pattern")).unwrap_or(6) as usize;
+                let rope_base = f.get_f32(&key("rope.freq_base_swa")).unwrap_or(10000.0);
+                hp.sliding_window = Some(SlidingWindow { window: window as usize, period, rope_base });
+            }
+            if f.get_f32(&key("final_logit_softcapping")).is_some_and(|c| c != 0.0) {
+                bail!("{path}: final_logit_softcapping is not supported");
+            }
+            // llama.cpp scales queries by 1/sqrt(n_embd / n_head) for the 62-layer (27B) model
+            // and by 1/sqrt(head_dim) otherwise; the attention kernels use the latter.
+            if hp.n_layer == 62 {
+                bail!("{path}: gemma3 27B's query scale (1/sqrt(n_embd/n_head)) is not supported");
+            }
+        }
         if hp.n_head == 0 || hp.n_head_kv == 0 || !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{path}: head counts {} / {} (kv) are not a valid grouping", hp.n_head, hp.n_head_kv);
         }
@@ -169,5 +209,24 @@ impl HParams {
 
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Gemma scales the token embeddings by sqrt(n_embd) (f32, as ggml_scale).
+    pub fn embedding_scale(&self) -> Option<f32> {
+        (self.arch == Arch::Gemma3).then(|| (self.n_embd as f32).sqrt())
+    }
+
+    /// The attention window of layer `li`: Some(positions) on a sliding-window layer.
+    pub fn layer_window(&self, li: usize) -> Option<usize> {
+        let sw = self.sliding_window?;
+        (sw.period == 0 || li % sw.period < sw.period - 1).then_some(sw.window)
+    }
+
+    /// The RoPE base of layer `li` (local layers have their own).
+    pub fn layer_rope_base(&self, li: usize) -> f32 {
+        match (self.layer_window(li), self.sliding_window) {
+            (Some(_), Some(sw)) => sw.rope_base,
+            _ => self.rope_base,
+        }
     }
 }

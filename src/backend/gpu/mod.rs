@@ -563,6 +563,9 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 hp.arch.name()
             );
         }
+        if hp.sliding_window.is_some() {
+            bail!("{} backend: sliding-window attention (gemma3 local layers) has no GPU kernel yet", self.api.backend_name());
+        }
         if hp.head_dim != 64 && hp.head_dim != 128 {
             bail!("{} backend: head_dim {} has no attention kernel (64 and 128 are built)", self.api.backend_name(), hp.head_dim);
         }
