@@ -336,17 +336,17 @@ fn unsupported_models_are_refused_with_one_line() {
     assert_eq!(&arch[at..at + 17], b"\x08\0\0\0\x05\0\0\0\0\0\0\0llama");
     arch[at + 12..at + 17].copy_from_slice(b"mamba");
     // The tensor info of blk.0.attn_q.weight: name, n_dims = 2, two dims, then the type id.
-    // Q8_0 (8) -> Q5_0 (6): a smaller tensor, so the file still parses.
+    // Q8_0 (8) -> Q2_K (10, no CPU kernel): a smaller tensor, so the file still parses.
     let mut ttype = good.clone();
     let name = b"blk.0.attn_q.weight";
     let at = find(&ttype, &[&(name.len() as u64).to_le_bytes()[..], name].concat()) + 8 + name.len();
     assert_eq!(u32::from_le_bytes(ttype[at..at + 4].try_into().unwrap()), 2);
     let ty = at + 4 + 16;
     assert_eq!(u32::from_le_bytes(ttype[ty..ty + 4].try_into().unwrap()), 8, "q8_0");
-    ttype[ty..ty + 4].copy_from_slice(&6u32.to_le_bytes());
+    ttype[ty..ty + 4].copy_from_slice(&10u32.to_le_bytes());
     for (bytes, file, phrase) in [
-        (arch, "arch.gguf", "unsupported architecture \"mamba\" (supported: llama, qwen2, qwen3)"),
-        (ttype, "ttype.gguf", "tensor \"blk.0.attn_q.weight\" has type q5_0 which the CPU backend does not support"),
+        (arch, "arch.gguf", &format!("unsupported architecture \"mamba\" (supported: {})", civetta::model::SUPPORTED_ARCHS)),
+        (ttype, "ttype.gguf", &"tensor \"blk.0.attn_q.weight\" has type q2_K which the CPU backend does not support".to_string()),
     ] {
         let path = dir.path().join(file);
         std::fs::write(&path, bytes).unwrap();
