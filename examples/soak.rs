@@ -347,7 +347,8 @@ fn status_outcome(kind: Kind, s: &tonic::Status) -> Outcome {
     let expected = match s.code() {
         Code::ResourceExhausted => kind != Kind::Invalid,
         Code::DeadlineExceeded | Code::Cancelled => kind == Kind::Deadline,
-        Code::InvalidArgument => kind == Kind::Invalid,
+        // A bad value is INVALID_ARGUMENT; an unknown model name is NOT_FOUND (gRPC conventions).
+        Code::InvalidArgument | Code::NotFound => kind == Kind::Invalid,
         _ => false,
     };
     if expected {
