@@ -13,9 +13,11 @@
 //!
 //! Plus: changing the router weights of one layer changes the logits (routing matters).
 
+mod common;
+
+use common::{civetta, run_json};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/moe");
 /// Bound on the relative L2 error of the prompt logits. The dense synthetic models stay within
@@ -23,16 +25,6 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/moe"
 /// (tests/reference_logits.rs); the MoE models measured against llama.cpp are in docs/REFERENCE.md.
 const MAX_REL_L2: f64 = 5e-2;
 const NEAR_TIE: f64 = 1e-2;
-
-fn civetta() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_civetta"))
-}
-
-fn run_json(cmd: &mut Command) -> serde_json::Value {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON on stdout: {e}"))
-}
 
 fn numbers(v: &serde_json::Value) -> Vec<f64> {
     v.as_array().expect("JSON array").iter().map(|x| x.as_f64().expect("number")).collect()

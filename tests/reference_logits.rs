@@ -13,6 +13,9 @@
 //! Needs python3 with numpy and gguf 0.19.0 (scripts/test-deps.sh puts them in build/venv); set
 //! CIVETTA_SKIP_PYTHON=1 to skip.
 
+mod common;
+
+use common::{civetta, run_json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,17 +29,6 @@ const MAX_QUANT_ERROR: f64 = 5e-2;
 /// A greedy step whose top-1/top-2 reference margin is below this fraction of max |logit|
 /// is a near tie that activation-rounding noise may break either way.
 const NEAR_TIE: f64 = 1e-2;
-
-fn civetta() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_civetta"))
-}
-
-/// Runs a command that prints JSON on stdout.
-fn run_json(cmd: &mut Command) -> serde_json::Value {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON on stdout: {e}"))
-}
 
 /// Whether to run: python3 with numpy and gguf must be there unless CIVETTA_SKIP_PYTHON=1.
 fn python_available() -> bool {

@@ -29,10 +29,11 @@ pub fn python_or_skip(what: &str) -> bool {
     true
 }
 
+/// Runs a command that prints JSON on stdout; any failure panics with the command.
 pub fn run_json(cmd: &mut Command) -> serde_json::Value {
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON: {e}"))
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: bad JSON on stdout: {e}"))
 }
 
 /// The real default model, SmolLM2-135M-Instruct Q4_1 (see [`real_model`]).
