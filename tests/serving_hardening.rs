@@ -248,3 +248,107 @@ async fn metrics_answer_during_the_grace_period() {
     let status = d.wait_exit(Duration::from_secs(20)).expect("the daemon exits after the grace period");
     assert!(status.success(), "{status:?}");
 }
+
+use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+
+fn health_request(service: &str, timeout: Duration) -> tonic::Request<HealthCheckRequest> {
+    let mut r = tonic::Request::new(HealthCheckRequest { service: service.into() });
+    r.set_timeout(timeout);
+    r
+}
+
+/// The gRPC health spec: Watch for a service the server does not know streams
+/// SERVICE_UNKNOWN (it may be registered later); only Check answers NOT_FOUND. tonic-health's
+/// reporter answered Watch with a NOT_FOUND error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_of_an_unknown_service_streams_service_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &[]);
+    let mut health = HealthClient::new(d.channel().await);
+    let mut watch = health.watch(HealthCheckRequest { service: "no.such.Service".into() }).await.expect("Watch is a stream").into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.expect("a first status at once");
+    assert_eq!(first.unwrap().unwrap().status, ServingStatus::ServiceUnknown as i32);
+    let err = health.check(HealthCheckRequest { service: "no.such.Service".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    for known in ["", "civetta.v1.Inference"] {
+        let r = health.check(HealthCheckRequest { service: known.into() }).await.unwrap().into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{known:?}");
+    }
+}
+
+/// During the shutdown grace period the daemon keeps answering: a health Check on a
+/// connection opened before SIGTERM gets NOT_SERVING at once (it used to hang until its
+/// deadline: the transport had stopped taking new streams), so does one on a new connection;
+/// /metrics and the HTTP /health answer; new work is refused with UNAVAILABLE; the running
+/// stream goes on, and once it ends the daemon exits without waiting out the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_answer_at_once_during_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let mut d = Daemon::start(&model, &["--shutdown-grace", "60", "--context", "2048"]);
+    let mut client = d.client().await;
+    let mut health = HealthClient::new(d.channel().await);
+    let r = health.check(health_request("", Duration::from_secs(5))).await.unwrap().into_inner();
+    assert_eq!(r.status, ServingStatus::Serving as i32);
+    let mut stream = client.generate(greedy("keep going", 1900)).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+
+    d.sigterm();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let r = health.check(health_request("civetta.v1.Inference", Duration::from_secs(3))).await;
+    let took = t.elapsed();
+    let r = r.unwrap_or_else(|e| panic!("Check on the open connection after SIGTERM failed after {took:?}: {e:?}"));
+    assert_eq!(r.into_inner().status, ServingStatus::NotServing as i32);
+    assert!(took < Duration::from_secs(1), "Check took {took:?}");
+    let mut fresh = HealthClient::new(d.channel().await);
+    let r = fresh.check(health_request("", Duration::from_secs(3))).await.expect("Check on a new connection");
+    assert_eq!(r.into_inner().status, ServingStatus::NotServing as i32);
+
+    let refused = client.generate(greedy("new work", 4)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let refused = client.tokenize(TokenizeRequest { text: "new work".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let (status, _, _) = http_get(d.http.trim_start_matches("http://"), "/health");
+    assert_eq!(status, 503);
+    let m = d.samples();
+    assert_eq!(m.sum("civetta_requests_in_flight", &[]), 1.0, "{}", m.text);
+    assert_eq!(m.sum("civetta_requests_rejected_total", &[("reason", "shutting_down")]), 1.0, "{}", m.text);
+
+    // The running stream was not disturbed.
+    for _ in 0..5 {
+        let msg = stream.message().await.unwrap().expect("the stream goes on");
+        assert!(matches!(msg.event, Some(Event::Token(_))));
+    }
+    drop(stream);
+    let t = Instant::now();
+    let status = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running; stderr:\n{}", d.stderr()));
+    assert!(status.success(), "{status:?}\n{}", d.stderr());
+    assert!(t.elapsed() < Duration::from_secs(10), "exit took {:?} after the last stream ended", t.elapsed());
+}
+
+/// An idle daemon with a health Watch open exits within the grace period it promises (the
+/// default 10 s): the Watch sees NOT_SERVING, then ends. It used to hold the graceful
+/// shutdown open until the forced close, 2 s after the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_daemon_with_a_health_watch_exits_within_its_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let mut d = Daemon::start(&model, &[]);
+    let mut health = HealthClient::new(d.channel().await);
+    let mut watch = health.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+    assert_eq!(watch.message().await.unwrap().unwrap().status, ServingStatus::Serving as i32);
+    let t = Instant::now();
+    d.sigterm();
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.expect("NOT_SERVING at once");
+    assert_eq!(next.unwrap().unwrap().status, ServingStatus::NotServing as i32);
+    let status = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("daemon still running; stderr:\n{}", d.stderr()));
+    let took = t.elapsed();
+    assert!(status.success(), "{status:?}\n{}", d.stderr());
+    eprintln!("idle daemon with a Watch open exited {took:?} after SIGTERM");
+    assert!(took < Duration::from_secs(10), "exit took {took:?}; the default grace period is 10 s");
+    // The Watch ended (with an error status or a closed connection), it did not hang.
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.expect("the Watch ends");
+    assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+}

@@ -1,6 +1,7 @@
 //! The `civetta.v1.Inference` gRPC service over the engine.
 
 use super::convert;
+use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use super::tokenize_pool::{PoolError, TokenizePool};
 use super::transport_status::mark_reached;
@@ -25,6 +26,8 @@ pub struct InferenceService {
     pub fingerprint: Arc<crate::envinfo::Fingerprint>,
     /// Set when the shutdown grace period is over and the engine cancels what is left.
     pub draining: Arc<AtomicBool>,
+    /// Shutdown phase: new generations are refused from the shutdown request on.
+    pub lifecycle: Arc<Lifecycle>,
     /// Where prompts are tokenized and templated (never on the async workers).
     pub tokenize_pool: TokenizePool,
 }
@@ -53,6 +56,7 @@ impl Inference for InferenceService {
     async fn generate(&self, request: Request<proto::GenerateRequest>) -> Result<Response<GenStream>, Status> {
         mark_reached(&request);
         let started = Instant::now();
+        let generation = self.lifecycle.begin_generation().ok_or_else(|| self.reject("shutting_down", shutting_down(), started))?;
         let deadline = request
             .metadata()
             .get("grpc-timeout")
@@ -131,6 +135,7 @@ impl Inference for InferenceService {
                 }
             };
             drop(stream);
+            drop(generation);
             metrics.in_flight.dec();
             metrics.observe_request("Generate", code, started.elapsed());
         });
@@ -143,6 +148,7 @@ impl Inference for InferenceService {
         let r = request.into_inner();
         let result = match convert::check_model(&r.model, &self.model_name) {
             Err(s) => Err(s),
+            Ok(()) if self.lifecycle.is_stopping() => Err(shutting_down()),
             Ok(()) => {
                 // Tokenizing a large text is CPU work: keep it off the async workers.
                 let engine = self.engine.clone();
@@ -183,6 +189,11 @@ impl Inference for InferenceService {
         let started = Instant::now();
         self.finish("GetEnvironment", started, Ok(self.fingerprint.to_proto()))
     }
+}
+
+/// The answer to new work once shutdown has begun (clients retry on another replica).
+fn shutting_down() -> Status {
+    Status::unavailable("server is shutting down; not accepting new requests")
 }
 
 /// Time to first token and inter-token latency of one stream.

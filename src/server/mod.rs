@@ -12,7 +12,9 @@
 pub mod auth;
 pub mod convert;
 pub mod grpc;
+pub mod health;
 pub mod http;
+pub mod lifecycle;
 pub mod metrics;
 pub mod tokenize_pool;
 pub mod transport_status;
@@ -131,9 +133,11 @@ pub struct Bound {
     pub http: Option<SocketAddr>,
 }
 
-/// Serves `engine` until `stop` completes, then shuts down gracefully: health goes
-/// NOT_SERVING, no new connections or requests are accepted, in-flight streams get
-/// `server.shutdown_grace_seconds` to finish, then the engine cancels what is left.
+/// Serves `engine` until `stop` completes, then shuts down gracefully
+/// ([`lifecycle`]): health goes NOT_SERVING at once (both transports keep answering, and
+/// /metrics too), new generations are refused, in-flight streams get
+/// `server.shutdown_grace_seconds` to finish, then the engine cancels what is left; the
+/// listeners close as soon as no generation runs.
 pub async fn run(
     cfg: config::Config,
     engine: Engine,
@@ -168,16 +172,17 @@ pub async fn run(
 
     let model_name = if cfg.model.name.is_empty() { info.name.clone() } else { cfg.model.name.clone() };
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lifecycle = lifecycle::Lifecycle::new();
     let svc = grpc::InferenceService {
         engine: engine.clone(),
         metrics: metrics.clone(),
         model_name: model_name.clone(),
         fingerprint,
         draining: draining.clone(),
+        lifecycle: lifecycle.clone(),
         tokenize_pool: tokenize_pool::TokenizePool::new(tokenize_pool::TokenizePool::default_jobs(), tokenize_pool::DEFAULT_WAIT),
     };
-    let (mut health, health_service) = tonic_health::server::health_reporter();
-    health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
+    let health_service = health::server(lifecycle.clone());
     // Both reflection versions: grpcurl and older clients still ask v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -191,7 +196,6 @@ pub async fn run(
     let inference = tonic::service::interceptor::InterceptedService::new(inference, auth::interceptor(token.clone()));
     let inference = transport_status::TransportStatus::new(inference, metrics.clone());
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // /metrics keeps answering through the grace period (dashboards watch the drain); it
     // stops when the gRPC server has finished.
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::watch::channel(false);
@@ -204,9 +208,8 @@ pub async fn run(
             token: token.clone(),
             model_name: model_name.clone(),
             max_body_bytes: max,
-            stop: stop_rx.clone(),
+            lifecycle: lifecycle.clone(),
             draining: draining.clone(),
-            generating: Default::default(),
         });
         tokio::spawn(http::serve(listener, state, grace, FORCE_CLOSE_AFTER_GRACE))
     });
@@ -216,24 +219,25 @@ pub async fn run(
     tracing::info!(grpc = %bound.grpc, metrics = %bound.metrics, http = %http_shown, model = %info.path.display(), name = %model_name, backend = %info.backend, auth = token.is_enabled(), "serving");
 
     let shutdown_engine = engine.clone();
+    let drain_lifecycle = lifecycle.clone();
     let shutdown = async move {
         stop.await;
         tracing::info!(
             grace_seconds = grace.as_secs_f64(),
             "shutdown requested: health NOT_SERVING, no new requests, in-flight streams may finish"
         );
-        health.set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing).await;
-        health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-        let _ = stop_tx.send(true);
         // After the grace period the engine cancels what is still running; the streams
-        // then end with UNAVAILABLE and the server can finish.
-        tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
+        // then end with UNAVAILABLE and the servers can finish.
+        let cancel_rest = async move {
             tracing::info!("grace period over: cancelling remaining sequences");
             draining.store(true, std::sync::atomic::Ordering::SeqCst);
             let _ = tokio::task::spawn_blocking(move || shutdown_engine.shutdown()).await;
-        });
+        };
+        drain_lifecycle.drain(grace, cancel_rest).await;
+        // The servers finish on their own now; this future has nothing left to do.
+        std::future::pending::<()>().await
     };
+    let closing_lifecycle = lifecycle.clone();
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -243,13 +247,12 @@ pub async fn run(
             // TCP_NODELAY: token messages are small and must not wait for delayed ACKs (Nagle).
             tonic::transport::server::TcpIncoming::from_listener(grpc_listener, true, None)
                 .map_err(|e| anyhow::anyhow!("gRPC listener: {e}"))?,
-            shutdown,
+            async move { closing_lifecycle.closing().await },
         );
-    // Streams the engine does not own (a health Watch, say) would hold a graceful shutdown
-    // open forever; they are closed a little after the grace period.
-    let mut stopping = stop_rx;
-    let forced = async move {
-        let _ = stopping.wait_for(|s| *s).await;
+    // A stream nobody ends (a slow client's) would hold a graceful shutdown open forever;
+    // connections are dropped a little after the grace period.
+    let forced = async {
+        lifecycle.stopping().await;
         tokio::time::sleep(grace + FORCE_CLOSE_AFTER_GRACE).await;
     };
     let served = tokio::select! {
@@ -258,6 +261,7 @@ pub async fn run(
             tracing::warn!("connections still open after the grace period; closing them");
             Ok(())
         }
+        _ = shutdown => unreachable!("the shutdown sequence never completes"),
     };
     if let Some(t) = http_task {
         let _ = t.await;

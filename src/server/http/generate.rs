@@ -7,6 +7,7 @@ use super::openai::{finish_reason, Options, Usage};
 use super::HttpState;
 use crate::engine::{Engine, GenerationEvent, GenerationRequest, GenerationSummary, PromptInput};
 use crate::server::convert;
+use crate::server::lifecycle::GenerationGuard;
 use crate::server::metrics::Metrics;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -30,7 +31,8 @@ pub struct Tracker {
     route: &'static str,
     started: Instant,
     code: Code,
-    in_flight: bool,
+    /// Held while a generation runs (the daemon's drain waits for it).
+    generation: Option<GenerationGuard>,
 }
 
 impl Tracker {
@@ -41,7 +43,7 @@ impl Tracker {
             route,
             started: Instant::now(),
             code: Code::Cancelled,
-            in_flight: false,
+            generation: None,
         }
     }
 
@@ -56,18 +58,16 @@ impl Tracker {
         e
     }
 
-    fn start_generation(&mut self) {
-        self.in_flight = true;
+    fn start_generation(&mut self, guard: GenerationGuard) {
+        self.generation = Some(guard);
         self.metrics.in_flight.inc();
-        self.state.generating.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 impl Drop for Tracker {
     fn drop(&mut self) {
-        if self.in_flight {
+        if self.generation.take().is_some() {
             self.metrics.in_flight.dec();
-            self.state.generating.fetch_sub(1, Ordering::SeqCst);
         }
         self.metrics.observe_request(self.route, self.code, self.started.elapsed());
     }
@@ -108,10 +108,10 @@ pub async fn submit(
     fill_context: bool,
     mut tracker: Tracker,
 ) -> Result<Generation, (Tracker, ApiError)> {
-    if state.is_stopping() {
+    let Some(guard) = state.lifecycle.begin_generation() else {
         let e = tracker.reject("shutting_down", ApiError::draining());
         return Err((tracker, e));
-    }
+    };
     let engine = state.engine.clone();
     let submitted = tokio::task::spawn_blocking(move || {
         if fill_context {
@@ -126,7 +126,7 @@ pub async fn submit(
     match submitted {
         Ok(Ok(stream)) => {
             state.metrics.prompt_tokens.inc_by(stream.prompt_tokens as u64);
-            tracker.start_generation();
+            tracker.start_generation(guard);
             let stream = futures::stream::unfold(stream, |mut s| async move { s.next().await.map(|e| (e, s)) });
             Ok(Generation { stream: Box::pin(stream), engine: state.engine.clone(), tracker, last_token: None })
         }

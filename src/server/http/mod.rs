@@ -21,6 +21,7 @@ pub mod generate;
 pub mod openai;
 
 use super::auth::Token;
+use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use crate::engine::Engine;
 use axum::body::Bytes;
@@ -32,12 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How often shutdown checks whether the last HTTP generation has finished.
-const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 pub struct HttpState {
     pub engine: Engine,
@@ -47,12 +45,11 @@ pub struct HttpState {
     pub model_name: String,
     /// The request body limit (server.max_message_bytes, as for gRPC messages).
     pub max_body_bytes: usize,
-    /// True once a shutdown was requested: /health 503, new generations 503.
-    pub stop: tokio::sync::watch::Receiver<bool>,
+    /// Shutdown phase: from the request on /health 503 and new generations 503; the
+    /// daemon closes when no generation (HTTP or gRPC) runs.
+    pub lifecycle: Arc<Lifecycle>,
     /// Set when the grace period is over and the engine cancels what is left.
     pub draining: Arc<AtomicBool>,
-    /// Generations running over HTTP now (shutdown waits for these).
-    pub generating: AtomicUsize,
 }
 
 /// Identity fields of one response's objects.
@@ -65,7 +62,7 @@ pub struct ResponseMeta {
 
 impl HttpState {
     pub fn is_stopping(&self) -> bool {
-        *self.stop.borrow()
+        self.lifecycle.is_stopping()
     }
 
     fn meta(&self, prefix: &str) -> ResponseMeta {
@@ -161,22 +158,16 @@ pub fn router(state: Arc<HttpState>) -> axum::Router {
         .with_state(state)
 }
 
-/// Serves the API until shutdown: after a stop request, waits until no HTTP generation is
-/// running or `grace` has passed, then closes the listener and lets open connections
-/// finish; what is still open `force_after` later is dropped.
+/// Serves the API until shutdown: after a stop request it keeps answering (503 for new
+/// generations) until the daemon closes (no generation running, or `grace` has passed),
+/// then closes the listener and lets open connections finish; what is still open
+/// `force_after` after the grace period is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<HttpState>, grace: Duration, force_after: Duration) {
-    let mut stop = state.stop.clone();
-    let watched = state.clone();
-    let drained = async move {
-        let _ = stop.wait_for(|s| *s).await;
-        let end = tokio::time::Instant::now() + grace;
-        while watched.generating.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < end {
-            tokio::time::sleep(DRAIN_POLL).await;
-        }
-    };
-    let mut stop = state.stop.clone();
+    let lifecycle = state.lifecycle.clone();
+    let drained = async move { lifecycle.closing().await };
+    let lifecycle = state.lifecycle.clone();
     let forced = async move {
-        let _ = stop.wait_for(|s| *s).await;
+        lifecycle.stopping().await;
         tokio::time::sleep(grace + force_after).await;
     };
     // TCP_NODELAY: SSE events are small and must not wait for delayed ACKs (Nagle).
