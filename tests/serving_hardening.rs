@@ -352,3 +352,59 @@ async fn idle_daemon_with_a_health_watch_exits_within_its_grace_period() {
     let end = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.expect("the Watch ends");
     assert!(!matches!(end, Ok(Some(_))), "{end:?}");
 }
+
+/// A copy of `model` whose `tokenizer.ggml.eos_token_id` is `eos` (a u32 patched in place).
+fn with_eos(model: &std::path::Path, eos: u32, out: &std::path::Path) {
+    let mut bytes = std::fs::read(model).unwrap();
+    let key = b"tokenizer.ggml.eos_token_id";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("eos key in the synth file") + key.len();
+    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 4, "the value is a u32 (GGUF type 4)");
+    bytes[at + 4..at + 8].copy_from_slice(&eos.to_le_bytes());
+    std::fs::write(out, bytes).unwrap();
+}
+
+/// A generation whose first generated token is EOS streams no token, yet the model produced
+/// a first token: `civetta_time_to_first_token_seconds` observes it, over gRPC and HTTP.
+/// The model: the synthetic one with its EOS id set to the token greedy decoding emits
+/// first for the prompt (found by asking the unpatched model with EOS ignored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eos_as_the_first_token_still_observes_time_to_first_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "llama", "q8_0");
+    let prompt = "the first token ends it";
+    let first = {
+        let d = Daemon::start(&model, &[]);
+        generate(&mut d.client().await, greedy(prompt, 1)).await.unwrap().ids[0]
+    };
+    let patched = dir.path().join("eos-first.gguf");
+    with_eos(&model, first, &patched);
+    let d = Daemon::start(&patched, &[]);
+
+    let mut req = greedy(prompt, 8);
+    req.ignore_eos = false;
+    let r = generate(&mut d.client().await, req).await.unwrap();
+    assert!(r.ids.is_empty(), "EOS comes first, nothing is streamed: {r:?}");
+    assert_eq!(r.done.finish_reason, civetta::proto::FinishReason::Eos as i32, "{r:?}");
+    d.wait_metrics("TTFT observed for the gRPC request", |m| {
+        m.sum("civetta_requests_total", &[("rpc", "Generate"), ("code", "OK")]) == 1.0
+            && m.sum("civetta_time_to_first_token_seconds_count", &[]) == 1.0
+    });
+
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/completions", d.http))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["text"], "", "{v}");
+    let m = d.wait_metrics("TTFT observed for the HTTP request", |m| {
+        m.sum("civetta_requests_total", &[("rpc", "/v1/completions"), ("code", "OK")]) == 1.0
+    });
+    assert_eq!(m.sum("civetta_time_to_first_token_seconds_count", &[]), 2.0, "{}", m.text);
+    assert_eq!(m.sum("civetta_generated_tokens_total", &[]), 0.0);
+}

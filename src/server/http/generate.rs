@@ -158,7 +158,15 @@ impl Generation {
                 let bytes = self.engine.tokenizer().token_bytes(id).to_vec();
                 Step::Token { text, token: TokenOut { id, logprob, bytes } }
             }
-            Some(GenerationEvent::Done(s)) => Step::Done(s),
+            Some(GenerationEvent::Done(s)) => {
+                // A generation whose first token was EOS yields no token event, but the model
+                // did produce its first token: TTFT is observed then (as on gRPC).
+                if self.last_token.is_none() {
+                    self.tracker.metrics.ttft.observe(self.tracker.started.elapsed().as_secs_f64());
+                    self.last_token = Some(Instant::now());
+                }
+                Step::Done(s)
+            }
             Some(GenerationEvent::Error(_)) | None if self.tracker.state.draining.load(Ordering::SeqCst) => {
                 Step::Failed(ApiError { message: "server shut down before the generation finished".into(), ..ApiError::draining() })
             }
