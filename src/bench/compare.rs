@@ -57,6 +57,14 @@ pub fn fingerprint_diff(a: &serde_json::Value, b: &serde_json::Value) -> Vec<(St
     out
 }
 
+/// The factors two fingerprints differ in, less those the runs' backends do not use
+/// ([`crate::envinfo::factors::for_backends`]).
+pub fn factor_diff(a: &serde_json::Value, b: &serde_json::Value) -> Vec<crate::envinfo::factors::FactorDiff> {
+    use crate::envinfo::factors::{differing_factors, for_backends};
+    let backend = |fp| fields(fp).into_iter().find(|(k, _)| k == "toolchain.backend").map(|(_, v)| v);
+    for_backends(differing_factors(&fingerprint_diff(a, b)), backend(a).as_deref(), backend(b).as_deref())
+}
+
 /// `within noise` when the mean ± stddev ranges overlap, else the change in percent.
 pub fn verdict(base: &TestResult, new: &TestResult) -> String {
     let (lo_a, hi_a) = (base.mean_tps - base.stddev_tps, base.mean_tps + base.stddev_tps);
@@ -107,7 +115,7 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
     }
     let diff = fingerprint_diff(&base.fingerprint, &new.fingerprint);
     // One variable at a time: a difference between runs that changed two factors belongs to neither.
-    if let Some(w) = crate::envinfo::factors::confounding_warning(&crate::envinfo::factors::differing_factors(&diff)) {
+    if let Some(w) = crate::envinfo::factors::confounding_warning(&factor_diff(&base.fingerprint, &new.fingerprint)) {
         let _ = writeln!(s, "{w}\n");
     }
     if diff.is_empty() {

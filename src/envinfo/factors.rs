@@ -81,6 +81,16 @@ pub fn differing_factors<K: AsRef<str>>(diff: &[(K, K, K)]) -> Vec<FactorDiff> {
     out
 }
 
+/// Drops the factors that cannot move results on the backends both runs used: the GPU
+/// kernel compiler when both ran on the CPU backend (a host run sees build/kernels and a
+/// container run does not, but neither uses them: "confounded: compiler" was noise).
+pub fn for_backends(mut factors: Vec<FactorDiff>, backend_a: Option<&str>, backend_b: Option<&str>) -> Vec<FactorDiff> {
+    if backend_a == Some("cpu") && backend_b == Some("cpu") {
+        factors.retain(|f| f.factor != "compiler");
+    }
+    factors
+}
+
 /// The factors that are known to differ (both sides read).
 pub fn changed(factors: &[FactorDiff]) -> Vec<&FactorDiff> {
     factors.iter().filter(|f| !f.unknown_on_one_side).collect()
@@ -136,6 +146,24 @@ mod tests {
         let two = differing_factors(&[d("iommu.mode", "passthrough", "off"), d("host.governor", "performance", "powersave")]);
         let w = confounding_warning(&two).unwrap();
         assert!(w.contains("2 factors") && w.contains("IOMMU mode") && w.contains("CPU governor"), "{w}");
+    }
+
+    #[test]
+    fn the_kernel_compiler_is_no_factor_between_two_cpu_runs() {
+        // Host vs podman, both on the CPU backend: the host sees build/kernels.
+        let diff = [
+            d("toolchain.kernel_compiler", "clang 23.0.0 (build/llvm23)", "none"),
+            d("container.type", "none", "podman"),
+            d("container.image", "none", "civetta:cpu"),
+        ];
+        let cpu = for_backends(differing_factors(&diff), Some("cpu"), Some("cpu"));
+        assert_eq!(cpu.iter().map(|f| f.factor).collect::<Vec<_>>(), ["container layer"]);
+        assert!(confounding_warning(&cpu).is_none());
+        // A GPU run on either side: the compiler matters.
+        for (a, b) in [(Some("hip"), Some("hip")), (Some("cpu"), Some("cuda")), (None, Some("cpu"))] {
+            let fd = for_backends(differing_factors(&diff), a, b);
+            assert!(confounding_warning(&fd).unwrap().contains("compiler"), "{a:?} {b:?}");
+        }
     }
 
     #[test]

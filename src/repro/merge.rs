@@ -6,9 +6,9 @@
 //! confounded: the table says so and names the factors.
 
 use super::report::{CellStatus, ReproReport, KIND};
-use crate::bench::compare::fingerprint_diff;
+use crate::bench::compare::factor_diff;
 use crate::bench::{BenchReport, TestResult};
-use crate::envinfo::factors::{changed, differing_factors, FACTORS};
+use crate::envinfo::factors::{changed, FACTORS};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -67,7 +67,7 @@ fn table_factors(columns: &[Column]) -> Vec<(&'static str, Vec<String>)> {
     let mut keys: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     for i in 0..columns.len() {
         for j in i + 1..columns.len() {
-            let fd = differing_factors(&fingerprint_diff(&columns[i].fingerprint, &columns[j].fingerprint));
+            let fd = factor_diff(&columns[i].fingerprint, &columns[j].fingerprint);
             for f in changed(&fd) {
                 let entry = keys.entry(f.factor).or_default();
                 for (k, _, _) in &f.keys {
@@ -152,7 +152,7 @@ pub fn merge(columns: &[Column]) -> Merged {
     let mut reported: Vec<Vec<&'static str>> = Vec::new();
     let pairs: Vec<(usize, usize, Vec<crate::envinfo::factors::FactorDiff>)> = (0..columns.len())
         .flat_map(|i| (i + 1..columns.len()).map(move |j| (i, j)))
-        .map(|(i, j)| (i, j, differing_factors(&fingerprint_diff(&columns[i].fingerprint, &columns[j].fingerprint))))
+        .map(|(i, j)| (i, j, factor_diff(&columns[i].fingerprint, &columns[j].fingerprint)))
         .collect();
     for (name, _) in &factors {
         let closest =

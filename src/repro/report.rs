@@ -141,8 +141,7 @@ pub fn overhead_rows(cells: &BTreeMap<String, Cell>, layers: &[String], baseline
         let Some(r) = cells.get(layer).and_then(|c| c.report.as_ref()) else {
             continue;
         };
-        let diff = crate::bench::compare::fingerprint_diff(&base.fingerprint, &r.fingerprint);
-        let fd = factors::differing_factors(&diff);
+        let fd = crate::bench::compare::factor_diff(&base.fingerprint, &r.fingerprint);
         let changed: Vec<String> = factors::changed(&fd).iter().map(|f| f.factor.to_string()).collect();
         if let Some(w) = factors::confounding_warning(&fd) {
             warnings.push(format!("{layer} vs {baseline}: {w}"));
