@@ -173,6 +173,7 @@ def serve_cmd(defaults: dict) -> str:
         "serve", "--model", "/models/model.gguf",
         "--grpc-addr", f"0.0.0.0:{defaults['grpc_port']}",
         "--metrics-addr", f"0.0.0.0:{defaults['metrics_port']}",
+        "--http-addr", f"0.0.0.0:{defaults['http_port']}",
     ]
     return f'ENTRYPOINT ["/usr/bin/civetta"]\nCMD {json.dumps(cmd)}\n'
 
@@ -260,6 +261,7 @@ def rocm_containerfile(defaults: dict, image: dict, *, toolbox: bool) -> str:
         out += f"""# Run on a Strix Halo host (docs/DEPLOY.md):
 #   podman run -d --device /dev/kfd --device /dev/dri --group-add keep-groups \\
 #     -p 127.0.0.1:{defaults['grpc_port']}:{defaults['grpc_port']} -p 127.0.0.1:{defaults['metrics_port']}:{defaults['metrics_port']} \\
+#     -p 127.0.0.1:{defaults['http_port']}:{defaults['http_port']} \\
 #     -v ~/models/model.gguf:/models/model.gguf:ro,Z localhost/civetta:{tag}
 """
     build_base = image["base"]
@@ -311,7 +313,7 @@ COPY --from=build /src/build/kernels /usr/share/civetta/kernels
 ENV CIVETTA_KERNEL_DIR=/usr/share/civetta/kernels
 {probe_step(defaults)}{image_json_step(defaults, static)}{label_block(static)}USER civetta
 WORKDIR /var/lib/civetta
-EXPOSE {defaults['grpc_port']} {defaults['metrics_port']}
+EXPOSE {defaults['grpc_port']} {defaults['metrics_port']} {defaults['http_port']}
 {healthcheck(defaults)}{serve_cmd(defaults)}"""
     return out
 
@@ -326,7 +328,7 @@ def cpu_containerfile(defaults: dict, image: dict) -> str:
 # Build (make image-cpu does all of this):
 #   scripts/containers-build-cpu.sh
 # Run:
-#   podman run -d --init -p 127.0.0.1:{defaults['grpc_port']}:{defaults['grpc_port']} -p 127.0.0.1:{defaults['metrics_port']}:{defaults['metrics_port']} localhost/civetta:cpu
+#   podman run -d --init -p 127.0.0.1:{defaults['grpc_port']}:{defaults['grpc_port']} -p 127.0.0.1:{defaults['metrics_port']}:{defaults['metrics_port']} -p 127.0.0.1:{defaults['http_port']}:{defaults['http_port']} localhost/civetta:cpu
 # (no --device flags: the CPU image uses no GPU; the ROCm images need
 #  --device /dev/kfd --device /dev/dri --group-add keep-groups)
 
@@ -346,7 +348,7 @@ FROM ${{BASE_IMAGE}} AS runtime
 COPY --from=stage /models/model.gguf /models/model.gguf
 {probe_step(defaults)}{image_json_step(defaults, static)}{label_block(static)}USER civetta
 WORKDIR /var/lib/civetta
-EXPOSE {defaults['grpc_port']} {defaults['metrics_port']}
+EXPOSE {defaults['grpc_port']} {defaults['metrics_port']} {defaults['http_port']}
 {healthcheck(defaults)}{serve_cmd(defaults)}"""
 
 

@@ -22,6 +22,7 @@ fn read(path: &Path) -> String {
 struct Defaults {
     grpc_port: u16,
     metrics_port: u16,
+    http_port: u16,
     image_json: String,
 }
 
@@ -51,6 +52,7 @@ fn load_matrix() -> (Defaults, Vec<MatrixImage>) {
     let defaults = Defaults {
         grpc_port: d["grpc_port"].as_integer().expect("grpc_port") as u16,
         metrics_port: d["metrics_port"].as_integer().expect("metrics_port") as u16,
+        http_port: d["http_port"].as_integer().expect("http_port") as u16,
         image_json: d["image_json"].as_str().expect("image_json").to_string(),
     };
     let images = doc["image"]
@@ -395,13 +397,13 @@ fn lint_containerfile(text: &str, want: &Expected) -> Vec<String> {
         }
         let exposed: Vec<String> =
             last.all("EXPOSE").flat_map(|i| i.args.split_whitespace().map(str::to_string).collect::<Vec<_>>()).collect();
-        for port in [want.defaults.grpc_port, want.defaults.metrics_port] {
+        for port in [want.defaults.grpc_port, want.defaults.metrics_port, want.defaults.http_port] {
             if !exposed.contains(&port.to_string()) {
                 errors.push(format!("port {port} not in EXPOSE"));
             }
         }
         let cmd = last.all("CMD").last().map(|i| i.args.clone()).unwrap_or_default();
-        for addr in [format!("0.0.0.0:{}", want.defaults.grpc_port), format!("0.0.0.0:{}", want.defaults.metrics_port)] {
+        for addr in [want.defaults.grpc_port, want.defaults.metrics_port, want.defaults.http_port].map(|p| format!("0.0.0.0:{p}")) {
             if !cmd.contains(&addr) {
                 errors.push(format!("CMD does not listen on {addr}: {cmd}"));
             }
@@ -572,7 +574,7 @@ fn lint_catches_missing_labels_probe_and_image_json() {
     assert_caught(&lint_mutated("HEALTHCHECK", "# HEALTHCHECK"), "HEALTHCHECK");
     assert_caught(&lint_mutated("> /usr/local/bin/civetta-healthcheck", "> /tmp/probe"), "no RUN of the final stage writes");
     assert_caught(&lint_mutated("> /etc/civetta/image.json", "> /tmp/x.json"), "image.json");
-    assert_caught(&lint_mutated("EXPOSE 50051 9464", "EXPOSE 50051"), "port 9464");
+    assert_caught(&lint_mutated("EXPOSE 50051 9464 8080", "EXPOSE 50051 9464"), "port 8080");
 }
 
 #[test]

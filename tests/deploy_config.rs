@@ -262,6 +262,11 @@ fn kubernetes_manifests_are_scrapable_and_request_the_gpu() {
         let ports: Vec<String> =
             container["ports"].as_sequence().unwrap().iter().map(|p| p["containerPort"].as_u64().unwrap().to_string()).collect();
         assert!(ports.contains(&port.to_string()) && ports.contains(&"50051".to_string()), "{file}: ports {ports:?}");
+        // The OpenAI-compatible HTTP API is published too, and readiness follows its /health.
+        assert!(ports.contains(&"8080".to_string()), "{file}: ports {ports:?}");
+        let args: Vec<&str> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.windows(2).any(|w| w == ["--http-addr", "0.0.0.0:8080"]), "{file}: args {args:?}");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"].as_str(), Some("/health"), "{file}");
         assert_eq!(s(template, &["spec", "securityContext", "runAsNonRoot"]).as_bool(), Some(true), "{file}");
         assert_matrix_image(container["image"].as_str().unwrap(), file);
         let limits = &container["resources"]["limits"];
@@ -295,6 +300,7 @@ fn compose_and_quadlet_use_pinned_images_and_loopback() {
     }
     let command: Vec<&str> = services["civetta"]["command"].as_sequence().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     assert!(command.contains(&"127.0.0.1:9464"), "compose civetta must serve metrics where prometheus.yml scrapes");
+    assert!(command.windows(2).any(|w| w == ["--http-addr", "127.0.0.1:8080"]), "compose civetta serves the HTTP API: {command:?}");
 
     let quadlet = read("deploy/podman/civetta.container");
     let image = quadlet.lines().find_map(|l| l.strip_prefix("Image=")).expect("Image=");
@@ -305,6 +311,7 @@ fn compose_and_quadlet_use_pinned_images_and_loopback() {
         "PodmanArgs=--group-add keep-groups",
         "PublishPort=127.0.0.1:50051:50051",
         "PublishPort=127.0.0.1:9464:9464",
+        "PublishPort=127.0.0.1:8080:8080",
     ] {
         assert!(quadlet.lines().any(|l| l == line), "quadlet lacks {line}");
     }
