@@ -42,6 +42,11 @@ pub struct ServerConfig {
     pub auth_token_env: Option<String>,
     /// Seconds in-flight streams may run on after SIGTERM/SIGINT before they are cancelled.
     pub shutdown_grace_seconds: f64,
+    /// Longest an HTTP API generation may run, in seconds, from the request's arrival
+    /// (0 = no limit); past it the generation is cancelled and the client gets 504 (an SSE
+    /// error event when streaming). A request's own `timeout` may only shorten it.
+    #[serde(default)]
+    pub http_request_timeout_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -89,6 +94,7 @@ impl Default for Config {
                 auth_token_file: None,
                 auth_token_env: None,
                 shutdown_grace_seconds: 10.0,
+                http_request_timeout_seconds: 0.0,
             },
             model: ModelConfig { path: engine.model_path.clone(), name: String::new() },
             engine,
@@ -188,6 +194,9 @@ impl Config {
         }
         if !(s.shutdown_grace_seconds.is_finite() && s.shutdown_grace_seconds >= 0.0) {
             bail!("server.shutdown_grace_seconds must be a number >= 0, got {}", s.shutdown_grace_seconds);
+        }
+        if !(s.http_request_timeout_seconds.is_finite() && s.http_request_timeout_seconds >= 0.0) {
+            bail!("server.http_request_timeout_seconds must be a number >= 0 (0 = no limit), got {}", s.http_request_timeout_seconds);
         }
         if self.model.path.as_os_str().is_empty() {
             bail!("model.path is empty; give the GGUF file to serve (--model FILE)");
@@ -308,6 +317,7 @@ mod tests {
                 ("[server]\nmax_message_bytes = 10\n", &["max_message_bytes"]),
                 ("[server]\nauth_token_file = \"t\"\nauth_token_env = \"T\"\n", &["only one"]),
                 ("[server]\nshutdown_grace_seconds = -1.0\n", &["shutdown_grace_seconds"]),
+                ("[server]\nhttp_request_timeout_seconds = -1.0\n", &["http_request_timeout_seconds"]),
                 ("[model]\npath = \"\"\n", &["model.path"]),
                 ("[log]\nformat = \"xml\"\n", &["log.format", "xml"]),
                 ("[log]\nfilter = \"civetta=loud\"\n", &["log.filter"]),

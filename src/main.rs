@@ -220,6 +220,7 @@ fn stream_generation(engine: &Engine, a: &GenerateArgs, prompt: PromptInput) -> 
         },
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
+        top_logprobs: 0,
     };
     let mut stream = engine.submit(req)?;
     let mut out = std::io::stdout().lock();

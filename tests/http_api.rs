@@ -170,3 +170,40 @@ fn openai_python_client() {
     assert!(out.status.success(), "openai_api_check.py failed\n{stdout}\n{stderr}\ndaemon:\n{}", d.stderr());
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+/// HTTP request time limits (server.http_request_timeout_seconds, and a request's own
+/// `timeout`, which can only shorten it): past the limit the generation is cancelled and the
+/// client gets 504 `deadline_exceeded` (streaming: an SSE error event ends the stream),
+/// counted as DEADLINE_EXCEEDED; requests that finish in time are untouched. Synthetic model.
+#[test]
+fn requests_past_their_time_limit_get_504_and_free_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::synth(dir.path(), "llama", "q8_0");
+    let d = Daemon::start(&model, &["--context", "2048", "--http-request-timeout", "0.2"]);
+    let url = format!("{}/v1/completions", d.http);
+    let long = |extra: Value| {
+        let mut b = json!({"prompt": "on and on", "max_tokens": 2000, "temperature": 0, "ignore_eos": true});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let t = std::time::Instant::now();
+    let (status, body) = post(&url, &long(json!({})));
+    let took = t.elapsed();
+    assert_eq!(status, 504, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "deadline_exceeded", "{body}");
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    // The request's own, shorter limit; streamed: the error arrives as the last event.
+    let (status, body) = post(&url, &long(json!({"timeout": 0.1, "stream": true})));
+    assert_eq!(status, 200, "{body}");
+    let last = body.lines().filter(|l| l.starts_with("data: ")).last().unwrap();
+    assert!(last.contains("deadline_exceeded") && !body.contains("[DONE]"), "{last}");
+    // A longer `timeout` than the server's does not extend it; a short request is served.
+    assert_eq!(post(&url, &long(json!({"timeout": 60}))).0, 504);
+    let (status, body) = post(&url, &json!({"prompt": "short", "max_tokens": 2, "temperature": 0, "timeout": 30}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(post(&url, &json!({"prompt": "x", "timeout": -1})).0, 400);
+    let m = d.wait_metrics("cancelled sequences freed", |m| m.sum("civetta_active_sequences", &[]) == 0.0);
+    assert_eq!(m.sum("civetta_requests_total", &[("rpc", "/v1/completions"), ("code", "DEADLINE_EXCEEDED")]), 3.0, "{}", m.text);
+    assert!(m.sum("civetta_generated_tokens_total", &[]) < 3.0 * 2000.0);
+}

@@ -192,6 +192,7 @@ fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> anyhow::Res
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         ignore_eos: true,
+        top_logprobs: 0,
     };
     let mut stream = engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?;
     while let Some(ev) = stream.blocking_next() {

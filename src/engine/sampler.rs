@@ -83,6 +83,28 @@ impl Sampler {
     }
 }
 
+/// The `n` most likely tokens and their log-probabilities under `logits` (log-softmax),
+/// most likely first; ties keep the lower id first, like [`argmax`].
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<super::types::TopLogprob> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Summed like the sampled token's logprob, so the two agree exactly.
+    let lse = logits.iter().map(|&l| (l - max).exp() as f64).sum::<f64>().ln() as f32 + max;
+    // A running top-n (n <= 20): one pass over the vocabulary, no full sort.
+    let mut top: Vec<(usize, f32)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || (top.len() == n && l <= top[n - 1].1) {
+            continue;
+        }
+        let at = top.partition_point(|&(_, v)| v >= l);
+        top.insert(at, (i, l));
+        top.truncate(n);
+    }
+    top.into_iter().map(|(i, l)| super::types::TopLogprob { id: i as u32, logprob: l - lse }).collect()
+}
+
 /// Index of the largest logit; the lowest index wins ties. NaN never wins.
 pub fn argmax(logits: &[f32]) -> usize {
     let mut best = 0;
@@ -164,6 +186,20 @@ mod tests {
         let mut l = [2.0f32, -1.0];
         apply_repetition_penalty(&mut l, &[1, 1, 0], 2.0, 64);
         assert_eq!(l, [1.0, -2.0]);
+    }
+
+    #[test]
+    fn top_logprobs_are_the_most_likely_tokens_in_order() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let top = top_logprobs(&logits, 3);
+        assert_eq!(top.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 3, 2]);
+        // The sampled token's logprob (greedy: id 1) is the first alternative's, bit for bit.
+        let mut l = logits;
+        let s = Sampler::new(SamplingParams::default()).sample(&mut l, &[]);
+        assert_eq!((s.token, s.logprob.to_bits()), (1, top[0].logprob.to_bits()));
+        let p: f32 = top_logprobs(&[0.0, 0.0], 5).iter().map(|t| t.logprob.exp()).sum();
+        assert!((p - 1.0).abs() < 1e-6, "{p}");
+        assert!(top_logprobs(&logits, 0).is_empty());
     }
 
     #[test]

@@ -71,11 +71,14 @@ impl Seq {
     /// Samples the next token from `logits` (of the last forward row) and emits it.
     pub(super) fn sample_and_emit(&mut self, inner: &Inner, logits: &mut [f32]) -> StepOutcome {
         let sampled = self.sampler.sample(logits, &self.history);
-        self.emit_token(inner, sampled.token, sampled.logprob)
+        // After sample(): the logits carry the repetition penalty, as the logprob does.
+        let n = self.job.req.top_logprobs.min(super::types::MAX_TOP_LOGPROBS);
+        let top = if n > 0 { super::sampler::top_logprobs(logits, n) } else { Vec::new() };
+        self.emit_token(inner, sampled.token, sampled.logprob, top)
     }
 
     /// Sends a sampled token (or finishes on EOS / stop / length / context).
-    fn emit_token(&mut self, inner: &Inner, token: u32, logprob: f32) -> StepOutcome {
+    fn emit_token(&mut self, inner: &Inner, token: u32, logprob: f32, top_logprobs: Vec<TopLogprob>) -> StepOutcome {
         let tk = &inner.tokenizer;
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
@@ -92,7 +95,7 @@ impl Seq {
         if let Some(cut) = self.job.req.stop.iter().filter_map(|st| self.pending.find(st.as_str())).min() {
             let text = self.pending[..cut].to_string();
             self.pending.clear();
-            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob });
+            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob, top_logprobs });
             return self.finish(inner, FinishReason::Stop);
         }
         let length_done = self.generated.len() >= self.job.req.max_tokens;
@@ -100,14 +103,14 @@ impl Seq {
         if length_done || context_done {
             self.pending.push_str(&self.decoder.finish());
             let text = std::mem::take(&mut self.pending);
-            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob });
+            let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob, top_logprobs });
             let reason = if length_done { FinishReason::Length } else { FinishReason::Context };
             return self.finish(inner, reason);
         }
         let hold = stop_prefix_holdback(&self.pending, &self.job.req.stop);
         let text: String = self.pending[..self.pending.len() - hold].to_string();
         self.pending.drain(..self.pending.len() - hold);
-        if self.job.tx.send(GenerationEvent::Token { id: token, text, logprob }).is_err() {
+        if self.job.tx.send(GenerationEvent::Token { id: token, text, logprob, top_logprobs }).is_err() {
             inner.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return StepOutcome::Finished;
         }

@@ -108,6 +108,21 @@ pub struct GenerationRequest {
     /// Stop sequences; matched text is not emitted.
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// How many most likely alternatives to report with each generated token (0 = none;
+    /// at most [`MAX_TOP_LOGPROBS`]).
+    #[serde(default)]
+    pub top_logprobs: usize,
+}
+
+/// The most alternatives a token event carries (OpenAI's limit for `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One alternative of a generated token: its id and log-probability under the same
+/// distribution as the token's `logprob`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopLogprob {
+    pub id: u32,
+    pub logprob: f32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,7 +159,9 @@ pub struct GenerationSummary {
 pub enum GenerationEvent {
     /// One generated token and the text it completes (may be empty while UTF-8 or a
     /// possible stop sequence is pending).
-    Token { id: u32, text: String, logprob: f32 },
+    /// `top_logprobs`: the request's `top_logprobs` most likely tokens of this step, most
+    /// likely first (empty when not asked for).
+    Token { id: u32, text: String, logprob: f32, top_logprobs: Vec<TopLogprob> },
     /// Always the last event of a successful stream.
     Done(GenerationSummary),
     /// The sequence failed inside the engine; the stream ends after it.

@@ -47,6 +47,7 @@ pub fn generation_request(r: proto::GenerateRequest, served_model: &str) -> Resu
         },
         stop: r.stop,
         ignore_eos: r.ignore_eos,
+        top_logprobs: 0,
     })
 }
 

@@ -97,7 +97,7 @@ impl Inference for InferenceService {
                     }
                 };
                 let (msg, last) = match event {
-                    Some(GenerationEvent::Token { id, text, logprob }) => {
+                    Some(GenerationEvent::Token { id, text, logprob, .. }) => {
                         timer.token(&metrics);
                         metrics.generated_tokens.inc();
                         (

@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Seconds in-flight streams may finish after SIGTERM before they are cancelled.
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_grace: Option<f64>,
+    /// Longest an HTTP API generation may run (0 = no limit); past it: 504.
+    #[arg(long, value_name = "SECONDS")]
+    pub http_request_timeout: Option<f64>,
 }
 
 impl ServeArgs {
@@ -94,6 +97,7 @@ impl ServeArgs {
         put("log.format", self.log_format.as_ref().map(|v| json!(v)));
         put("server.auth_token_file", self.auth_token_file.as_ref().map(|v| json!(v)));
         put("server.shutdown_grace_seconds", self.shutdown_grace.map(|v| json!(v)));
+        put("server.http_request_timeout_seconds", self.http_request_timeout.map(|v| json!(v)));
         o
     }
 }
@@ -210,6 +214,7 @@ pub async fn run(
             max_body_bytes: max,
             lifecycle: lifecycle.clone(),
             draining: draining.clone(),
+            request_timeout: Some(Duration::from_secs_f64(cfg.server.http_request_timeout_seconds)).filter(|d| !d.is_zero()),
         });
         tokio::spawn(http::serve(listener, state, grace, FORCE_CLOSE_AFTER_GRACE))
     });

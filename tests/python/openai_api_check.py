@@ -10,6 +10,7 @@ usage: openai_api_check.py --base-url http://HOST:PORT/v1 --metrics HOST:PORT
 """
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -112,12 +113,35 @@ r = client.chat.completions.create(model=args.model, messages=MSGS, max_tokens=6
 lp = r.choices[0].logprobs.content
 check(len(lp) == r.usage.completion_tokens and all(t.logprob <= 0 for t in lp), f"chat logprobs: {lp}")
 
+# top_logprobs: the 3 most likely tokens of each step, most likely first; greedy picks the
+# first of them, with the same logprob; streamed the same as non-streamed.
+r = client.chat.completions.create(model=args.model, messages=MSGS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+lp = r.choices[0].logprobs.content
+check(len(lp) == r.usage.completion_tokens, f"chat top_logprobs entries: {lp}")
+for t in lp:
+    alts = t.top_logprobs
+    check(len(alts) == 3 and all(a.logprob <= 0 for a in alts), f"3 alternatives: {t}")
+    check([a.logprob for a in alts] == sorted((a.logprob for a in alts), reverse=True), f"most likely first: {t}")
+    check(alts[0].bytes == t.bytes and alts[0].logprob == t.logprob, f"greedy token is the top alternative: {t}")
+    check(sum(math.exp(a.logprob) for a in alts) <= 1.0 + 1e-5, f"probabilities: {t}")
+stream = client.chat.completions.create(model=args.model, messages=MSGS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True)
+streamed = [t for ch in stream if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+check([(t.bytes, [a.bytes for a in t.top_logprobs]) for t in streamed] == [(t.bytes, [a.bytes for a in t.top_logprobs]) for t in lp],
+      f"streamed top_logprobs equal non-streamed: {streamed} vs {lp}")
+expect_error(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=args.model, messages=MSGS, max_tokens=2, logprobs=True, top_logprobs=21), param="top_logprobs")
+
 # ---- completions ------------------------------------------------------------------------
 PROMPT = "The capital of France is"
 r = client.completions.create(model=args.model, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=0)
 ch = r.choices[0]
 check(r.object == "text_completion" and ch.text and ch.finish_reason in ("stop", "length"), f"completion: {r}")
 check(len(ch.logprobs.token_logprobs) == r.usage.completion_tokens, f"completion logprobs: {ch.logprobs}")
+r = client.completions.create(model=args.model, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=3)
+clp = r.choices[0].logprobs
+check(len(clp.top_logprobs) == len(clp.tokens) == r.usage.completion_tokens, f"completion top_logprobs per token: {clp}")
+for tok, lpv, alts in zip(clp.tokens, clp.token_logprobs, clp.top_logprobs):
+    # Keys are token texts: two tokens of the same text would merge, hence <= 3.
+    check(1 <= len(alts) <= 3 and alts.get(tok) == lpv and lpv == max(alts.values()), f"completion alternatives: {tok!r} {lpv} {alts}")
 streamed = "".join(x.choices[0].text for x in client.completions.create(model=args.model, prompt=PROMPT, max_tokens=10, temperature=0, stream=True) if x.choices)
 check(streamed == ch.text, f"streamed completion equals non-streamed: {streamed!r} vs {ch.text!r}")
 ids = client.completions.create(model=args.model, prompt=[1, 2, 3], max_tokens=3, temperature=0)

@@ -22,7 +22,7 @@ pub async fn handle(State(state): State<Arc<HttpState>>, body: Result<Bytes, Byt
         Ok(p) => p,
         Err(e) => return tracker.reject("invalid", e).into_response(),
     };
-    let g = match generate::submit(&state, req, opts.fill_context, tracker).await {
+    let g = match generate::submit(&state, req, &opts, tracker).await {
         Ok(g) => g,
         Err((_tracker, e)) => return e.into_response(),
     };
@@ -45,13 +45,17 @@ impl ChatFormat {
         if !self.logprobs {
             return Value::Null;
         }
+        let entry = |bytes: &[u8], logprob: f32, top: Option<Vec<TokenLogprob>>| TokenLogprob {
+            token: String::from_utf8_lossy(bytes).into_owned(),
+            logprob,
+            bytes: bytes.to_vec(),
+            top_logprobs: top,
+        };
         let content = tokens
             .iter()
-            .map(|t| TokenLogprob {
-                token: String::from_utf8_lossy(&t.bytes).into_owned(),
-                logprob: t.logprob,
-                bytes: t.bytes.clone(),
-                top_logprobs: Vec::new(),
+            .map(|t| {
+                let top = t.top.iter().map(|a| entry(&a.bytes, a.logprob, None)).collect();
+                entry(&t.bytes, t.logprob, Some(top))
             })
             .collect();
         serde_json::to_value(ChatLogprobs { content }).expect("logprobs serialize")

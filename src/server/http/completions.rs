@@ -23,11 +23,12 @@ pub async fn handle(State(state): State<Arc<HttpState>>, body: Result<Bytes, Byt
         Ok(p) => p,
         Err(e) => return tracker.reject("invalid", e).into_response(),
     };
-    let g = match generate::submit(&state, req, opts.fill_context, tracker).await {
+    let top_logprobs = req.top_logprobs;
+    let g = match generate::submit(&state, req, &opts, tracker).await {
         Ok(g) => g,
         Err((_tracker, e)) => return e.into_response(),
     };
-    let fmt = CompletionFormat { meta: state.meta("cmpl"), logprobs: opts.logprobs, return_tokens: opts.return_tokens };
+    let fmt = CompletionFormat { meta: state.meta("cmpl"), logprobs: opts.logprobs, top_logprobs, return_tokens: opts.return_tokens };
     if opts.stream {
         generate::stream(g, fmt, opts)
     } else {
@@ -38,6 +39,8 @@ pub async fn handle(State(state): State<Arc<HttpState>>, body: Result<Bytes, Byt
 struct CompletionFormat {
     meta: ResponseMeta,
     logprobs: bool,
+    /// Alternatives asked for per token (the legacy `logprobs: N`).
+    top_logprobs: usize,
     return_tokens: bool,
 }
 
@@ -48,6 +51,11 @@ impl CompletionFormat {
             return Value::Null;
         }
         let mut lp = CompletionLogprobs::default();
+        if self.top_logprobs > 0 {
+            let top =
+                tokens.iter().map(|t| t.top.iter().map(|a| (String::from_utf8_lossy(&a.bytes).into_owned(), a.logprob.into())).collect());
+            lp.top_logprobs = Some(top.collect());
+        }
         let mut at = offset;
         for t in tokens {
             lp.tokens.push(String::from_utf8_lossy(&t.bytes).into_owned());

@@ -94,6 +94,19 @@ impl ApiError {
         }
     }
 
+    /// 504: the generation ran past its time limit and was cancelled (gRPC's
+    /// DEADLINE_EXCEEDED; google.rpc maps it to 504).
+    pub fn timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            code: Some("deadline_exceeded"),
+            ..ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout_error",
+                format!("the generation ran past its time limit of {:.3} s and was cancelled", limit.as_secs_f64()),
+            )
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
@@ -122,6 +135,7 @@ pub fn status_code_label(status: StatusCode) -> Code {
         429 => Code::ResourceExhausted,
         499 => Code::Cancelled,
         503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
         _ => Code::Internal,
     }
 }

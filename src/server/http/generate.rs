@@ -79,6 +79,15 @@ pub struct TokenOut {
     pub id: u32,
     pub logprob: f32,
     pub bytes: Vec<u8>,
+    /// The most likely alternatives of this step (as many as the request asked for).
+    pub top: Vec<Alternative>,
+}
+
+/// One alternative of a generated token, for the logprobs objects.
+#[derive(Debug, Clone)]
+pub struct Alternative {
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
 }
 
 pub enum Step {
@@ -98,6 +107,9 @@ pub struct Generation {
     engine: Engine,
     pub tracker: Tracker,
     last_token: Option<Instant>,
+    /// The time limit (server.http_request_timeout_seconds or the request's `timeout`,
+    /// whichever is shorter) and when it runs out.
+    deadline: Option<(std::time::Duration, tokio::time::Instant)>,
 }
 
 /// Tokenizes and submits under `spawn_blocking` (a large prompt is CPU work that must not
@@ -105,9 +117,15 @@ pub struct Generation {
 pub async fn submit(
     state: &Arc<HttpState>,
     mut req: GenerationRequest,
-    fill_context: bool,
+    opts: &Options,
     mut tracker: Tracker,
 ) -> Result<Generation, (Tracker, ApiError)> {
+    let fill_context = opts.fill_context;
+    let limit = match (state.request_timeout, opts.timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let deadline = limit.map(|l| (l, tokio::time::Instant::from_std(tracker.started) + l));
     let Some(guard) = state.lifecycle.begin_generation() else {
         let e = tracker.reject("shutting_down", ApiError::draining());
         return Err((tracker, e));
@@ -128,7 +146,7 @@ pub async fn submit(
             state.metrics.prompt_tokens.inc_by(stream.prompt_tokens as u64);
             tracker.start_generation(guard);
             let stream = futures::stream::unfold(stream, |mut s| async move { s.next().await.map(|e| (e, s)) });
-            Ok(Generation { stream: Box::pin(stream), engine: state.engine.clone(), tracker, last_token: None })
+            Ok(Generation { stream: Box::pin(stream), engine: state.engine.clone(), tracker, last_token: None, deadline })
         }
         Ok(Err(e)) => {
             let reason = convert::reject_reason(&e);
@@ -145,8 +163,16 @@ pub async fn submit(
 
 impl Generation {
     pub async fn next(&mut self) -> Step {
-        match self.stream.next().await {
-            Some(GenerationEvent::Token { id, text, logprob }) => {
+        let event = match self.deadline {
+            None => self.stream.next().await,
+            Some((limit, at)) => tokio::select! {
+                ev = self.stream.next() => ev,
+                // The caller drops the generation after a failure: the sequence is cancelled.
+                _ = tokio::time::sleep_until(at) => return Step::Failed(ApiError::timeout(limit)),
+            },
+        };
+        match event {
+            Some(GenerationEvent::Token { id, text, logprob, top_logprobs }) => {
                 let metrics = &self.tracker.metrics;
                 let now = Instant::now();
                 match self.last_token {
@@ -155,8 +181,10 @@ impl Generation {
                 }
                 self.last_token = Some(now);
                 metrics.generated_tokens.inc();
-                let bytes = self.engine.tokenizer().token_bytes(id).to_vec();
-                Step::Token { text, token: TokenOut { id, logprob, bytes } }
+                let tk = self.engine.tokenizer();
+                let bytes = tk.token_bytes(id).to_vec();
+                let top = top_logprobs.iter().map(|a| Alternative { logprob: a.logprob, bytes: tk.token_bytes(a.id).to_vec() }).collect();
+                Step::Token { text, token: TokenOut { id, logprob, bytes, top } }
             }
             Some(GenerationEvent::Done(s)) => {
                 // A generation whose first token was EOS yields no token event, but the model

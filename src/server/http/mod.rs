@@ -50,6 +50,8 @@ pub struct HttpState {
     pub lifecycle: Arc<Lifecycle>,
     /// Set when the grace period is over and the engine cancels what is left.
     pub draining: Arc<AtomicBool>,
+    /// server.http_request_timeout_seconds (None: no limit).
+    pub request_timeout: Option<Duration>,
 }
 
 /// Identity fields of one response's objects.

@@ -49,6 +49,9 @@ pub struct CommonParams {
     pub ignore_eos: Option<bool>,
     /// llama.cpp's `return_tokens`: each choice (and stream chunk) also carries the token ids.
     pub return_tokens: Option<bool>,
+    /// civetta's extension: the longest this generation may run, in seconds (it can only
+    /// shorten server.http_request_timeout_seconds); past it 504, or an SSE error event.
+    pub timeout: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -92,7 +95,7 @@ pub struct ContentPart {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
-    /// Legacy: the number of top alternatives; only 0 (the sampled token's logprob) is served.
+    /// Legacy: the number of top alternatives per token (0: the sampled token's logprob only).
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
@@ -120,6 +123,8 @@ pub struct Options {
     pub return_tokens: bool,
     /// No explicit max_tokens: generate until the context is full (chat's default).
     pub fill_context: bool,
+    /// The request's own time limit (`timeout`).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// The model name check: absent or empty means the served model; others are 404.
@@ -179,11 +184,15 @@ impl CommonParams {
             logprobs,
             return_tokens: self.return_tokens.unwrap_or(false),
             fill_context,
+            timeout: self.timeout.map(std::time::Duration::from_secs_f64),
         }
     }
 
     fn request(&self, prompt: PromptInput, max_tokens: Option<u32>, default_max: usize) -> Result<GenerationRequest, ApiError> {
         self.check_n()?;
+        if self.timeout.is_some_and(|t| !(t.is_finite() && t > 0.0 && t < 1e9)) {
+            return Err(ApiError::invalid_param("timeout", "timeout must be a number of seconds > 0"));
+        }
         if max_tokens == Some(0) {
             return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
         }
@@ -193,6 +202,7 @@ impl CommonParams {
             sampling: self.sampling()?,
             stop: self.stop(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            top_logprobs: 0,
         })
     }
 }
@@ -213,11 +223,9 @@ impl ChatRequest {
             }
         }
         let logprobs = self.logprobs.unwrap_or(false);
-        if self.top_logprobs.is_some_and(|n| n > 0) {
-            return Err(ApiError::invalid_param(
-                "top_logprobs",
-                "top_logprobs > 0 is not supported (the engine reports the sampled token's logprob only)",
-            ));
+        let top = top_count("top_logprobs", self.top_logprobs)?;
+        if top > 0 && !logprobs {
+            return Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs: true"));
         }
         if self.messages.is_empty() {
             return Err(ApiError::invalid_param("messages", "messages must not be empty"));
@@ -225,7 +233,8 @@ impl ChatRequest {
         let messages = self.messages.iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<Result<Vec<_>, _>>()?;
         let max = self.max_completion_tokens.or(self.common.max_tokens);
         let fill_context = max.is_none();
-        let req = self.common.request(PromptInput::Chat(messages), max, 0)?;
+        let mut req = self.common.request(PromptInput::Chat(messages), max, 0)?;
+        req.top_logprobs = top;
         Ok((req, self.common.options(logprobs, fill_context)))
     }
 }
@@ -275,12 +284,7 @@ impl CompletionRequest {
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(ApiError::invalid_param("best_of", "best_of must be 1"));
         }
-        if self.logprobs.is_some_and(|n| n > 0) {
-            return Err(ApiError::invalid_param(
-                "logprobs",
-                "logprobs > 0 is not supported (logprobs: 0 returns the sampled token's logprob)",
-            ));
-        }
+        let top = top_count("logprobs", self.logprobs)?;
         let one = |n: usize| {
             if n == 1 {
                 Ok(())
@@ -304,7 +308,8 @@ impl CompletionRequest {
         {
             return Err(ApiError::invalid_param("prompt", "prompt is empty"));
         }
-        let req = self.common.request(prompt, self.common.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        let mut req = self.common.request(prompt, self.common.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)?;
+        req.top_logprobs = top;
         Ok((req, self.common.options(self.logprobs.is_some(), false)))
     }
 }
@@ -338,13 +343,25 @@ impl Usage {
     }
 }
 
-/// One entry of chat `logprobs.content`.
+/// The number of alternatives asked for (`top_logprobs`, or the legacy completions
+/// `logprobs`): 0 to [`engine::MAX_TOP_LOGPROBS`].
+fn top_count(param: &'static str, n: Option<u32>) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(0) as usize;
+    if n > engine::MAX_TOP_LOGPROBS {
+        return Err(ApiError::invalid_param(param, format!("{param} must be between 0 and {}, got {n}", engine::MAX_TOP_LOGPROBS)));
+    }
+    Ok(n)
+}
+
+/// One entry of chat `logprobs.content`, and of its `top_logprobs` (with an empty
+/// `top_logprobs` of its own, skipped).
 #[derive(Debug, Clone, Serialize)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
-    pub top_logprobs: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -357,7 +374,8 @@ pub struct ChatLogprobs {
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Option<Vec<serde_json::Value>>,
+    /// Per token: `{token text: logprob}` of its alternatives (null when none were asked for).
+    pub top_logprobs: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     pub text_offset: Vec<usize>,
 }
 
@@ -390,7 +408,10 @@ mod tests {
         assert_eq!((r.max_tokens, r.stop.clone()), (7, vec!["x".to_string()]));
         assert_eq!((r.sampling.temperature, r.sampling.seed, r.sampling.top_k, r.sampling.min_p), (0.0, 3, 5, 0.1));
         assert_eq!(r.sampling.repetition_penalty, 1.1);
-        assert_eq!(o, Options { stream: true, include_usage: true, logprobs: true, return_tokens: false, fill_context: false });
+        assert_eq!(
+            o,
+            Options { stream: true, include_usage: true, logprobs: true, return_tokens: false, fill_context: false, timeout: None }
+        );
         let (r, o) = chat(r#"{"messages":[{"role":"user","content":"hi"}],"stop":null,"stream":null,"n":1}"#).unwrap();
         assert!(o.fill_context && !o.stream);
         assert_eq!(r.sampling.temperature, DEFAULT_TEMPERATURE);
@@ -404,6 +425,7 @@ mod tests {
             (r#"{"messages":[{"role":"tool","content":"x"}]}"#, "messages"),
             (r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#, "messages"),
             (r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":3}"#, "top_logprobs"),
+            (r#"{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
             (r#"{"messages":[{"role":"user","content":"hi"}],"temperature":3}"#, "temperature"),
             (r#"{"messages":[{"role":"user","content":"hi"}],"frequency_penalty":0.5}"#, "frequency_penalty"),
             (r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#, "max_tokens"),
@@ -426,11 +448,14 @@ mod tests {
         assert_eq!(parse(r#"{"prompt":[[5,6]]}"#).unwrap().0.prompt, PromptInput::Tokens(vec![5, 6]));
         assert_eq!(parse(r#"{"prompt":["a"]}"#).unwrap().0.prompt, PromptInput::Text { text: "a".into(), add_bos: true });
         assert!(parse(r#"{"prompt":"a","logprobs":0}"#).unwrap().1.logprobs);
+        assert_eq!(parse(r#"{"prompt":"a","logprobs":5}"#).unwrap().0.top_logprobs, 5);
+        let (r, o) = chat(r#"{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":20}"#).unwrap();
+        assert!(o.logprobs && r.top_logprobs == 20);
         for (json, param) in [
             (r#"{"prompt":["a","b"]}"#, "prompt"),
             (r#"{"prompt":""}"#, "prompt"),
             (r#"{"prompt":"a","echo":true}"#, "echo"),
-            (r#"{"prompt":"a","logprobs":2}"#, "logprobs"),
+            (r#"{"prompt":"a","logprobs":21}"#, "logprobs"),
             (r#"{"prompt":"a","best_of":3}"#, "best_of"),
         ] {
             assert_eq!(parse(json).unwrap_err().param, Some(param), "{json}");
