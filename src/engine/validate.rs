@@ -56,6 +56,18 @@ impl Engine {
                 prompt.len()
             ));
         }
+        // The paged KV pool must be able to hold the whole request at once, or it would wait
+        // forever (a smaller request waits for blocks instead).
+        let total_blocks = self.inner.kv_total_blocks;
+        let need_blocks = (prompt.len() + req.max_tokens).div_ceil(super::kv::KV_BLOCK_TOKENS);
+        if total_blocks > 0 && need_blocks > total_blocks {
+            return invalid(format!(
+                "prompt {} + max_tokens {} tokens need {need_blocks} KV blocks of {}; the KV cache holds {total_blocks} (engine.kv_cache_bytes)",
+                prompt.len(),
+                req.max_tokens,
+                super::kv::KV_BLOCK_TOKENS
+            ));
+        }
         let s = &req.sampling;
         if !s.temperature.is_finite() || s.temperature < 0.0 {
             return invalid(format!("temperature must be a finite number >= 0, got {}", s.temperature));

@@ -130,7 +130,11 @@ pub fn finish_reason(r: FinishReason) -> proto::FinishReason {
 
 pub fn done_message(s: GenerationSummary) -> proto::GenerateDone {
     proto::GenerateDone {
-        usage: Some(proto::Usage { prompt_tokens: s.prompt_tokens as u32, completion_tokens: s.completion_tokens as u32 }),
+        usage: Some(proto::Usage {
+            prompt_tokens: s.prompt_tokens as u32,
+            completion_tokens: s.completion_tokens as u32,
+            cached_prompt_tokens: s.cached_prompt_tokens as u32,
+        }),
         timings: Some(proto::Timings {
             queue_seconds: s.timings.queue.as_secs_f64(),
             prefill_seconds: s.timings.prefill.as_secs_f64(),
