@@ -10,7 +10,7 @@ mod common;
 use civetta::backend;
 use civetta::engine::kv::BlockManager;
 use civetta::engine::{
-    Engine, EngineConfig, GenerationEvent, GenerationRequest, GenerationSummary, PromptInput, SamplingParams, SubmitError,
+    Engine, EngineConfig, GenerationEvent, GenerationRequest, GenerationSummary, InvalidRequest, PromptInput, SamplingParams, SubmitError,
 };
 use civetta::model::{self, KvCache, Logits, Model};
 use std::path::Path;
@@ -207,7 +207,9 @@ fn engine_reuses_prefix_blocks_waits_for_blocks_and_evicts() {
 
     // 13 blocks can never fit in 12: refused at once with the reason.
     match e.submit(request(prompt(200, 9, vocab), 8)) {
-        Err(SubmitError::Invalid(m)) => assert!(m.contains("KV blocks"), "{m}"),
+        Err(SubmitError::Invalid(e)) => {
+            assert!(matches!(e, InvalidRequest::BeyondKvCache { .. }) && e.to_string().contains("KV blocks"), "{e}")
+        }
         Err(other) => panic!("expected an invalid-request error, got {other}"),
         Ok(_) => panic!("a request larger than the KV pool was accepted"),
     }

@@ -19,6 +19,7 @@ mod types;
 mod validate;
 
 pub use types::*;
+pub use validate::InvalidRequest;
 
 use crate::backend;
 use crate::gguf::GgufFile;

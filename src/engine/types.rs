@@ -160,11 +160,18 @@ pub enum GenerationEvent {
     Error(String),
 }
 
+impl From<super::validate::InvalidRequest> for SubmitError {
+    fn from(e: super::validate::InvalidRequest) -> SubmitError {
+        SubmitError::Invalid(e)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SubmitError {
-    /// The request is malformed (the message says why); nothing reached the model.
+    /// The request is malformed (the reason says why, and which field); nothing reached the
+    /// model.
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(super::validate::InvalidRequest),
     /// The queue is full; retry after the hinted delay.
     #[error("server overloaded: {queued} requests queued, retry in {retry_after_ms} ms")]
     QueueFull { queued: usize, retry_after_ms: u64 },
