@@ -55,6 +55,13 @@ const EXPORTED: &[(&str, bool)] = &[
     ("civetta_kernel_scratch_bytes", false),
     ("civetta_kernel_lds_bytes", false),
     ("civetta_kernel_occupancy_waves", false),
+    ("civetta_kv_cache_bytes", false),
+    ("civetta_batch_rows", true),
+    ("civetta_batch_sequences", true),
+    ("civetta_kv_cache_usage_ratio", false),
+    ("civetta_kv_cache_blocks", false),
+    ("civetta_prefix_cache_tokens_total", false),
+    ("civetta_preemptions_total", false),
 ];
 
 fn exported_names() -> BTreeSet<String> {
@@ -174,6 +181,11 @@ fn dashboard_panels_cover_the_issue_and_name_known_metrics() {
         "civetta_build_info",
         "civetta_time_to_first_token_seconds_bucket",
         "civetta_inter_token_latency_seconds_bucket",
+        "civetta_batch_rows_bucket",
+        "civetta_kv_cache_usage_ratio",
+        "civetta_kv_cache_blocks",
+        "civetta_prefix_cache_tokens_total",
+        "civetta_preemptions_total",
     ] {
         assert!(all.contains(metric), "dashboard never queries {metric}");
     }

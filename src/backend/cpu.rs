@@ -4,7 +4,7 @@
 //! Matmuls quantise the activation rows once (Q8_0 / Q8_K, like ggml) and then run
 //! integer block dot products in parallel over weight rows.
 
-use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
@@ -381,11 +381,37 @@ impl Backend for CpuBackend {
         n_tokens: usize,
         kv_dim: usize,
     ) {
+        self.kv_store_paged(k, v, k_cache, v_cache, src_row, KvBlocks::CONTIGUOUS, start_pos, n_tokens, kv_dim)
+    }
+
+    fn paged_kv(&self) -> bool {
+        true
+    }
+
+    fn kv_store_paged(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_pool: &mut Buffer,
+        v_pool: &mut Buffer,
+        src_row: usize,
+        blocks: KvBlocks<'_>,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
         self.timed("kv_store", n_tokens, || {
-            let n = n_tokens * kv_dim;
-            let (src, at) = (src_row * kv_dim, start_pos * kv_dim);
-            f16::f32_to_f16_row(&buf(k)[src..src + n], &mut kv_mut(k_cache)[at..at + n]);
-            f16::f32_to_f16_row(&buf(v)[src..src + n], &mut kv_mut(v_cache)[at..at + n]);
+            let (kp, vp) = (kv_mut(k_pool), kv_mut(v_pool));
+            // Runs of positions that stay inside one block are contiguous in the pool.
+            let mut t = 0;
+            while t < n_tokens {
+                let pos = start_pos + t;
+                let run = (blocks.block_size() - (pos & blocks.mask())).min(n_tokens - t);
+                let (src, at, n) = ((src_row + t) * kv_dim, blocks.slot(pos) * kv_dim, run * kv_dim);
+                f16::f32_to_f16_row(&buf(k)[src..src + n], &mut kp[at..at + n]);
+                f16::f32_to_f16_row(&buf(v)[src..src + n], &mut vp[at..at + n]);
+                t += run;
+            }
         })
     }
 
@@ -398,9 +424,15 @@ impl Backend for CpuBackend {
     /// Batches of 64+ rows use this path too (llama.cpp switches to an f32 tiled kernel there),
     /// so a row's result does not depend on how the sequence was batched.
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+        self.attention_paged(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, out)
+    }
+
+    /// The paged form of `attention`: cache position p is pool row `blocks.slot(p)`. A
+    /// contiguous cache is the one-block case, so both forms run the same arithmetic.
+    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
         let q = buf(q);
-        let kc = kv(k_cache);
-        let vc = kv(v_cache);
+        let kc = kv(k_pool);
+        let vc = kv(v_pool);
         let o = buf_mut(out);
         let hd = s.head_dim;
         let kv_dim = s.n_head_kv * hd;
@@ -423,11 +455,11 @@ impl Backend for CpuBackend {
                         let end = s.start_pos + t + 1;
                         // A sliding-window layer sees only the last `window` positions.
                         let first = s.window.map_or(0, |w| end.saturating_sub(w));
-                        let rows = end - first;
-                        let (k, v) = (&kc[first * kv_dim + g * hd..], &vc[first * kv_dim + g * hd..]);
-                        if !f16::attend_group(qg, hd, k, v, kv_dim, rows, scale, out_g, scratch) {
+                        let rows = f16::KvRows { blocks, first, count: end - first, stride: kv_dim };
+                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                        if !f16::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
                             for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
-                                f16::attend_row_steps(qh, k, v, kv_dim, rows, scale, q16, acc, out_h);
+                                f16::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
                             }
                         }
                     },
@@ -598,6 +630,30 @@ mod f16 {
         }
     }
 
+    /// The cache rows one query attends over: positions first..first + count, each at pool
+    /// row `blocks.slot(p)`, rows `stride` elements apart (offsets relative to the K/V slice
+    /// the kernel gets, which starts at the head's column).
+    #[derive(Clone, Copy)]
+    pub struct KvRows<'a> {
+        pub blocks: super::KvBlocks<'a>,
+        pub first: usize,
+        pub count: usize,
+        pub stride: usize,
+    }
+
+    impl KvRows<'_> {
+        /// Element offset of the j-th attended row.
+        #[inline(always)]
+        pub fn offset(&self, j: usize) -> usize {
+            self.blocks.slot(self.first + j) * self.stride
+        }
+
+        /// The largest `offset` of any attended row (count > 0).
+        pub fn max_offset(&self) -> usize {
+            self.blocks.max_slot(self.first, self.count) * self.stride
+        }
+    }
+
     /// One query row's attention over `rows` cache positions (K and V rows `stride` apart,
     /// starting at k[0] and v[0]), step by step: q rounded to f16, `dot_f16`, online softmax
     /// with libm expf, the f16-rounded accumulator. Any head size; q16 and acc are scratch of
@@ -607,8 +663,7 @@ mod f16 {
         q: &[f32],
         k: &[u16],
         v: &[u16],
-        stride: usize,
-        rows: usize,
+        rows: KvRows<'_>,
         scale: f32,
         q16: &mut [u16],
         acc: &mut [f32],
@@ -618,8 +673,9 @@ mod f16 {
         f32_to_f16_row(q, q16);
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
         acc.fill(0.0);
-        for j in 0..rows {
-            let sc = dot_f16(&k[j * stride..j * stride + hd], q16) * scale;
+        for j in 0..rows.count {
+            let at = rows.offset(j);
+            let sc = dot_f16(&k[at..at + hd], q16) * scale;
             let (mut ms, mut vs) = (1f32, 1f32);
             if sc > m {
                 let old = m;
@@ -629,7 +685,7 @@ mod f16 {
             } else {
                 vs = (sc - m).exp();
             }
-            mad_rounded(acc, &v[j * stride..j * stride + hd], vs);
+            mad_rounded(acc, &v[at..at + hd], vs);
             sum = sum.mul_add(ms, vs);
         }
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
@@ -664,8 +720,7 @@ mod f16 {
         hd: usize,
         k: &[u16],
         v: &[u16],
-        stride: usize,
-        rows: usize,
+        rows: KvRows<'_>,
         scale: f32,
         out: &mut [f32],
         scratch: &mut GroupScratch,
@@ -673,29 +728,29 @@ mod f16 {
         #[cfg(target_arch = "x86_64")]
         if *X86
             && (hd == 64 || hd == 128)
-            && rows > 0
+            && rows.count > 0
             && q.len().is_multiple_of(hd)
             && out.len() == q.len()
-            && k.len() >= (rows - 1) * stride + hd
-            && v.len() >= (rows - 1) * stride + hd
+            && k.len() >= rows.max_offset() + hd
+            && v.len() >= rows.max_offset() + hd
         {
             // SAFETY: avx2/fma/f16c detected; the slice lengths cover every row read.
             unsafe {
                 if hd == 64 {
-                    x86::attend_group::<8>(q, k, v, stride, rows, scale, out, scratch)
+                    x86::attend_group::<8>(q, k, v, rows, scale, out, scratch)
                 } else {
-                    x86::attend_group::<16>(q, k, v, stride, rows, scale, out, scratch)
+                    x86::attend_group::<16>(q, k, v, rows, scale, out, scratch)
                 }
             }
             return true;
         }
-        let _ = (q, hd, k, v, stride, rows, scale, out, scratch);
+        let _ = (q, hd, k, v, rows, scale, out, scratch);
         false
     }
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
-        use super::{GroupScratch, GROUP_BLOCK};
+        use super::{GroupScratch, KvRows, GROUP_BLOCK};
         use std::arch::x86_64::*;
 
         /// `attend_group` for head size 8 * HD8.
@@ -705,13 +760,13 @@ mod f16 {
             q: &[f32],
             k: &[u16],
             v: &[u16],
-            stride: usize,
-            rows: usize,
+            kv_rows: KvRows<'_>,
             scale: f32,
             out: &mut [f32],
             scratch: &mut GroupScratch,
         ) {
             let hd = 8 * HD8;
+            let rows = kv_rows.count;
             let heads = q.len() / hd;
             let GroupScratch { q: qr, k: kf, v: vf, acc, m, sum } = scratch;
             for buf in [&mut *qr, &mut *acc] {
@@ -731,7 +786,8 @@ mod f16 {
             for j0 in (0..rows).step_by(GROUP_BLOCK) {
                 let n = GROUP_BLOCK.min(rows - j0);
                 for j in 0..n {
-                    let (kp, vp) = (k.as_ptr().add((j0 + j) * stride), v.as_ptr().add((j0 + j) * stride));
+                    let at = kv_rows.offset(j0 + j);
+                    let (kp, vp) = (k.as_ptr().add(at), v.as_ptr().add(at));
                     for c in 0..HD8 {
                         _mm256_storeu_ps(kf.as_mut_ptr().add(j * hd + 8 * c), load_h(kp.add(8 * c)));
                         _mm256_storeu_ps(vf.as_mut_ptr().add(j * hd + 8 * c), load_h(vp.add(8 * c)));
@@ -1090,6 +1146,10 @@ mod silu {
 mod attention_tests {
     use super::f16;
 
+    fn contiguous(stride: usize, rows: usize) -> f16::KvRows<'static> {
+        f16::KvRows { blocks: crate::backend::KvBlocks::CONTIGUOUS, first: 0, count: rows, stride }
+    }
+
     /// The fused GQA-group kernel must give the per-step path's bits exactly, head by head
     /// (greedy parity with llama.cpp and bench hashes depend on it), for prefix lengths inside
     /// one block of rows and across blocks, with K/V rows interleaved in the cache as in a GQA
@@ -1119,7 +1179,16 @@ mod attention_tests {
                 for g in 0..kv_heads {
                     for rows in [1usize, 2, 7, 32, 33, 64, rows_max] {
                         let mut fused = vec![0f32; q.len()];
-                        let ran = f16::attend_group(&q, hd, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut fused, &mut scratch);
+                        let ran = f16::attend_group(
+                            &q,
+                            hd,
+                            &k[g * hd..],
+                            &v[g * hd..],
+                            contiguous(stride, rows),
+                            scale,
+                            &mut fused,
+                            &mut scratch,
+                        );
                         if !ran {
                             assert!(!is_x86_feature_detected!("avx2"), "an AVX2 CPU must take the fused path");
                             return;
@@ -1128,7 +1197,16 @@ mod attention_tests {
                         for h in 0..heads_per_group {
                             let mut steps = vec![0f32; hd];
                             let qh = &q[h * hd..(h + 1) * hd];
-                            f16::attend_row_steps(qh, &k[g * hd..], &v[g * hd..], stride, rows, scale, &mut q16, &mut acc, &mut steps);
+                            f16::attend_row_steps(
+                                qh,
+                                &k[g * hd..],
+                                &v[g * hd..],
+                                contiguous(stride, rows),
+                                scale,
+                                &mut q16,
+                                &mut acc,
+                                &mut steps,
+                            );
                             for (i, (a, b)) in fused[h * hd..(h + 1) * hd].iter().zip(&steps).enumerate() {
                                 assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} head {h} rows {rows} element {i}: {a} vs {b}");
                             }

@@ -54,6 +54,49 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// Where a paged KV cache keeps a sequence's positions: position p is in block
+/// `table[p / block_size]` of the pool, at row `table[p / block_size] * block_size + p %
+/// block_size`. Block sizes are powers of two. A contiguous cache is one block that holds
+/// every position ([`KvBlocks::CONTIGUOUS`]), so kernels need only this one addressing.
+#[derive(Debug, Clone, Copy)]
+pub struct KvBlocks<'a> {
+    table: &'a [u32],
+    shift: u32,
+}
+
+impl<'a> KvBlocks<'a> {
+    /// A contiguous cache: position p is row p.
+    pub const CONTIGUOUS: KvBlocks<'static> = KvBlocks { table: &[0], shift: usize::BITS - 1 };
+
+    /// A block table over blocks of `block_size` positions (a power of two).
+    pub fn new(table: &'a [u32], block_size: usize) -> KvBlocks<'a> {
+        assert!(block_size.is_power_of_two(), "KV block size {block_size} is not a power of two");
+        KvBlocks { table, shift: block_size.trailing_zeros() }
+    }
+
+    pub fn block_size(&self) -> usize {
+        1 << self.shift
+    }
+
+    /// block_size - 1: a position's offset within its block is `p & mask`.
+    pub fn mask(&self) -> usize {
+        self.block_size() - 1
+    }
+
+    /// The pool row holding position `pos`.
+    #[inline(always)]
+    pub fn slot(&self, pos: usize) -> usize {
+        ((self.table[pos >> self.shift] as usize) << self.shift) | (pos & self.mask())
+    }
+
+    /// The largest pool row holding any of positions first..first + count (count > 0).
+    pub fn max_slot(&self, first: usize, count: usize) -> usize {
+        let last = first + count - 1;
+        let (b0, b1) = (first >> self.shift, last >> self.shift);
+        (b0..=b1).map(|b| self.slot(if b == b1 { last } else { (b << self.shift) | self.mask() })).max().unwrap_or(0)
+    }
+}
+
 pub trait Backend: Send + Sync {
     /// "cpu", "hip", "cuda".
     fn name(&self) -> &'static str;
@@ -117,6 +160,36 @@ pub trait Backend: Send + Sync {
     );
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
+    /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
+    /// cache per sequence from the engine.
+    fn paged_kv(&self) -> bool {
+        false
+    }
+    /// `kv_store` into a pool made by `alloc_kv_cache`, position p at row `blocks.slot(p)`.
+    /// Called only where `paged_kv()` is true.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_store_paged(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_pool: &mut Buffer,
+        v_pool: &mut Buffer,
+        src_row: usize,
+        blocks: KvBlocks<'_>,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
+        let _ = (k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim);
+        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+    }
+    /// `attention` over a pool, position p at row `blocks.slot(p)`, bit for bit the same
+    /// numbers as over a contiguous cache. Called only where `paged_kv()` is true.
+    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, shape: AttentionShape, out: &mut Buffer) {
+        let _ = (q, k_pool, v_pool, blocks, shape, out);
+        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+    }
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it

@@ -47,6 +47,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         prefill_batch: plan.prefill_batch,
         // One sequence at a time: a step is one prefill chunk of prefill_batch tokens.
         max_batch_tokens: plan.prefill_batch,
+        kv_cache_bytes: 0,
         kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
     };
     let engine = Engine::load(cfg)?;

@@ -7,8 +7,10 @@
 //!
 //! Files: `types` (request/response types), `validate` (what is refused before the model),
 //! `scheduler` (the engine thread: admission, batch building), `sequence` (one sequence:
-//! token emission, stop sequences), `sampler`.
+//! token emission, stop sequences), `kv` (the paged KV cache's blocks and prefix cache),
+//! `sampler`.
 
+pub mod kv;
 mod prompt_limit;
 pub mod sampler;
 mod scheduler;
@@ -17,6 +19,7 @@ mod types;
 mod validate;
 
 pub use types::*;
+pub use validate::InvalidRequest;
 
 use crate::backend;
 use crate::gguf::GgufFile;
@@ -43,6 +46,9 @@ struct Inner {
     cfg: EngineConfig,
     /// Effective context length (the model's, capped by the config).
     ctx_len: usize,
+    /// Blocks of the paged KV pool (0: the backend has none; each sequence gets its own
+    /// contiguous cache). A request needing more can never run and is refused at submit.
+    kv_total_blocks: usize,
     /// Requests admitted but not yet active, oldest first. Shared with `submit` so that a
     /// request whose client went away frees its admission slot at once.
     queue: Mutex<VecDeque<Job>>,
@@ -65,6 +71,12 @@ struct Counters {
     shutting_down: AtomicBool,
     /// Rows and sequences per step (the batch histograms of `EngineStats`).
     batches: Mutex<(StepHistogram, StepHistogram)>,
+    /// Paged KV blocks by state, published by the engine thread after each change.
+    kv_blocks_used: AtomicUsize,
+    kv_blocks_cached: AtomicUsize,
+    prefix_hit_tokens: AtomicU64,
+    prefix_miss_tokens: AtomicU64,
+    preemptions: AtomicU64,
 }
 
 impl Counters {
@@ -109,7 +121,26 @@ impl Engine {
         let model = Arc::new(Model::load(file.clone(), be)?);
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
-        check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;
+        let kv_pool = if model.backend().paged_kv() {
+            let block_bytes = model.cache_bytes(kv::KV_BLOCK_TOKENS) as u64;
+            let bytes = if cfg.kv_cache_bytes > 0 {
+                cfg.kv_cache_bytes
+            } else {
+                model.cache_bytes(ctx_len) as u64 * cfg.max_active_sequences.max(1) as u64
+            };
+            let n_blocks = (bytes / block_bytes) as usize;
+            if n_blocks == 0 {
+                anyhow::bail!("engine.kv_cache_bytes = {bytes} holds no KV block ({block_bytes} bytes each)");
+            }
+            check_memory(n_blocks as u128 * block_bytes as u128, || {
+                format!("{n_blocks} blocks of {} tokens (engine.kv_cache_bytes)", kv::KV_BLOCK_TOKENS)
+            })?;
+            Some(model.new_kv_pool(n_blocks, kv::KV_BLOCK_TOKENS)?)
+        } else {
+            check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;
+            None
+        };
+        let kv_total_blocks = kv_pool.as_ref().map_or(0, |p| p.n_blocks);
         let info = model_info(&file, &model, &tokenizer, ctx_len);
         let inner = Arc::new(Inner {
             info,
@@ -117,6 +148,7 @@ impl Engine {
             model,
             cfg,
             ctx_len,
+            kv_total_blocks,
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             worker: Mutex::new(None),
@@ -125,7 +157,7 @@ impl Engine {
         let worker_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("civetta-engine".into())
-            .spawn(move || scheduler::run_worker(&worker_inner))
+            .spawn(move || scheduler::run_worker(&worker_inner, kv_pool.map(kv::BlockManager::new)))
             .context("spawning the engine thread")?;
         *inner.worker.lock() = Some(handle);
         Ok(Engine { inner })
@@ -204,6 +236,12 @@ impl Engine {
             kv_bytes: c.kv_bytes.load(Ordering::Relaxed),
             batch_rows,
             batch_sequences,
+            kv_blocks_total: self.inner.kv_total_blocks,
+            kv_blocks_used: c.kv_blocks_used.load(Ordering::Relaxed),
+            kv_blocks_cached: c.kv_blocks_cached.load(Ordering::Relaxed),
+            prefix_cache_hit_tokens: c.prefix_hit_tokens.load(Ordering::Relaxed),
+            prefix_cache_miss_tokens: c.prefix_miss_tokens.load(Ordering::Relaxed),
+            preemptions: c.preemptions.load(Ordering::Relaxed),
         }
     }
 
@@ -219,6 +257,21 @@ impl Engine {
             let _ = h.join();
         }
     }
+}
+
+/// Refuses a KV pool of `need` bytes that the machine's available memory cannot hold.
+fn check_memory(need: u128, what: impl Fn() -> String) -> anyhow::Result<()> {
+    if let Some(avail) = mem_available_bytes() {
+        if need > avail as u128 {
+            anyhow::bail!(
+                "not enough memory for the KV cache: {} need {:.1} GiB, {:.1} GiB available (lower engine.kv_cache_bytes)",
+                what(),
+                need as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    Ok(())
 }
 
 fn check_kv_memory(model: &Model, ctx_len: usize, max_active: usize) -> anyhow::Result<()> {

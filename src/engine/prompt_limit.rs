@@ -9,7 +9,7 @@ use crate::tokenizer::Tokenizer;
 /// generated token in a context of `ctx` tokens.
 pub fn encode_within_context(tk: &Tokenizer, text: &str, add_bos: bool, ctx: usize) -> Result<Vec<u32>, SubmitError> {
     tk.encode_limited(text, add_bos, true, ctx.saturating_sub(1))
-        .map_err(|_| SubmitError::Invalid(format!("prompt has at least {ctx} tokens; the context holds {ctx}")))
+        .map_err(|_| SubmitError::Invalid(super::InvalidRequest::PromptFillsContext { context: ctx }))
 }
 
 #[cfg(test)]
@@ -32,7 +32,7 @@ mod tests {
         let all = tk.encode(text, false, true);
         assert_eq!(encode_within_context(&tk, text, false, all.len() + 1), Ok(all.clone()));
         let err = encode_within_context(&tk, text, false, all.len()).unwrap_err();
-        assert!(matches!(&err, SubmitError::Invalid(m) if m.contains("context holds")), "{err:?}");
+        assert!(matches!(&err, SubmitError::Invalid(m) if m.to_string().contains("context holds")), "{err:?}");
         // A text far past any context is refused without tokenizing it (this would take
         // seconds if it were tokenized).
         let huge = "word ".repeat(2_000_000);

@@ -6,9 +6,10 @@
 //! (`Model::forward_batch`), then every sequence that produced logits samples its next token.
 //! A long prompt is cut into chunks, so it never stalls the streams that are decoding.
 
+use super::kv::BlockManager;
 use super::sequence::{Seq, StepOutcome};
 use super::types::*;
-use super::{Inner, Job};
+use super::{Counters, Inner, Job};
 use crate::model::{Logits, SeqRows};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -50,7 +51,17 @@ pub(super) fn plan_step(prefill_left: &[usize], budget: usize, chunk: usize) -> 
     plan
 }
 
-pub(super) fn run_worker(inner: &Inner) {
+/// Publishes the paged pool's block counts (and the bytes in use) for `Engine::stats`.
+fn publish_kv(c: &Counters, kv: &Option<BlockManager>) {
+    if let Some(kv) = kv {
+        let n = kv.counts();
+        c.kv_blocks_used.store(n.used, Ordering::Relaxed);
+        c.kv_blocks_cached.store(n.cached, Ordering::Relaxed);
+        c.kv_bytes.store(n.used * kv.pool_block_bytes(), Ordering::Relaxed);
+    }
+}
+
+pub(super) fn run_worker(inner: &Inner, mut kv: Option<BlockManager>) {
     let c = &inner.counters;
     let mut active: Vec<Seq> = Vec::new();
     loop {
@@ -65,8 +76,9 @@ pub(super) fn run_worker(inner: &Inner) {
                 }
                 for mut s in active.drain(..) {
                     let _ = s.job.tx.send(GenerationEvent::Error("engine is shutting down".into()));
-                    s.release(c);
+                    s.release(c, kv.as_mut());
                 }
+                publish_kv(c, &kv);
                 return;
             }
             purge_cancelled(inner, &mut queue);
@@ -74,14 +86,28 @@ pub(super) fn run_worker(inner: &Inner) {
                 inner.wake.wait(&mut queue);
                 continue;
             }
+            // Oldest first; with a paged pool a request starts only when it gets the blocks
+            // for its whole length (it waits, and those behind it too, until blocks free).
             while active.len() + admitted_jobs.len() < inner.cfg.max_active_sequences.max(1) {
-                let Some(job) = queue.pop_front() else { break };
+                let Some(job) = queue.front() else { break };
+                let blocks = match kv.as_mut() {
+                    Some(kv) => match kv.allocate(&job.prompt, Seq::positions_needed(inner, job)) {
+                        Some(a) => {
+                            c.prefix_hit_tokens.fetch_add(a.cached_tokens as u64, Ordering::Relaxed);
+                            c.prefix_miss_tokens.fetch_add((job.prompt.len() - a.cached_tokens) as u64, Ordering::Relaxed);
+                            Some(a)
+                        }
+                        None => break,
+                    },
+                    None => None,
+                };
+                let job = queue.pop_front().expect("front checked above");
                 c.queued.fetch_sub(1, Ordering::SeqCst);
-                admitted_jobs.push(job);
+                admitted_jobs.push((job, blocks));
             }
         }
-        for job in admitted_jobs {
-            match Seq::activate(inner, job) {
+        for (job, blocks) in admitted_jobs {
+            match Seq::activate(inner, job, blocks) {
                 Ok(seq) => {
                     c.active.fetch_add(1, Ordering::SeqCst);
                     c.kv_bytes.fetch_add(seq.cache.bytes, Ordering::SeqCst);
@@ -98,14 +124,15 @@ pub(super) fn run_worker(inner: &Inner) {
         while i < active.len() {
             if active[i].job.tx.is_closed() {
                 c.cancelled.fetch_add(1, Ordering::Relaxed);
-                active.remove(i).release(c);
+                active.remove(i).release(c, kv.as_mut());
             } else {
                 i += 1;
             }
         }
         if !active.is_empty() {
-            step(inner, &mut active);
+            step(inner, &mut active, &mut kv);
         }
+        publish_kv(c, &kv);
     }
 }
 
@@ -127,7 +154,7 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 
 /// One engine step: plan the batch, one forward pass, sample for every sequence whose rows
 /// end in a token to predict; finished sequences leave `active` (order kept: oldest first).
-fn step(inner: &Inner, active: &mut Vec<Seq>) {
+fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
     let c = &inner.counters;
     let prefill_left: Vec<usize> = active.iter().map(Seq::prefill_left).collect();
     let plan = plan_step(&prefill_left, inner.cfg.max_batch_tokens.max(1), inner.cfg.prefill_batch);
@@ -148,7 +175,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>) {
             };
             batch.push(SeqRows { cache: &mut s.cache, tokens, logits });
         }
-        inner.model.forward_batch(&mut batch)
+        inner.model.forward_batch_in(kv.as_mut().map(BlockManager::pool_mut), &mut batch)
     };
     let elapsed = t0.elapsed();
 
@@ -166,6 +193,9 @@ fn step(inner: &Inner, active: &mut Vec<Seq>) {
                         s.prefill_time += elapsed;
                         if !last {
                             continue;
+                        }
+                        if let Some(kv) = kv.as_mut() {
+                            s.register_prompt(kv);
                         }
                     }
                 }
@@ -185,7 +215,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>) {
     }
     for i in (0..active.len()).rev() {
         if finished[i] {
-            active.remove(i).release(c);
+            active.remove(i).release(c, kv.as_mut());
         }
     }
 }

@@ -2,6 +2,7 @@
 //! follows each forward pass (UTF-8 stream decoding, stop sequences with held-back prefixes,
 //! the finish summary).
 
+use super::kv::{Allocation, BlockManager};
 use super::sampler::Sampler;
 use super::types::*;
 use super::{Counters, Inner, Job};
@@ -16,6 +17,8 @@ pub(super) struct Seq {
     pub(super) cache: KvCache,
     /// Prompt tokens already prefilled (the prompt is done when this reaches its length).
     pub(super) prefill_pos: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    cached_tokens: usize,
     pub(super) history: Vec<u32>,
     generated: Vec<u32>,
     sampler: Sampler,
@@ -36,21 +39,30 @@ pub(super) enum StepOutcome {
 }
 
 impl Seq {
-    /// Allocates the KV cache for the whole request (prompt + max_tokens, capped by the
-    /// context). The job comes back on failure so its stream can receive the error.
+    /// Positions the whole request needs (prompt + max_tokens, capped by the context).
+    pub(super) fn positions_needed(inner: &Inner, job: &Job) -> usize {
+        (job.prompt.len() + job.req.max_tokens).min(inner.ctx_len)
+    }
+
+    /// Starts a sequence on the paged blocks it was given (prefilling from the end of its
+    /// cached prefix), or, without a paged pool, on a contiguous KV cache allocated for the
+    /// whole request. The job comes back on failure so its stream can receive the error.
     #[allow(clippy::result_large_err)]
-    pub(super) fn activate(inner: &Inner, job: Job) -> Result<Seq, (Job, anyhow::Error)> {
-        let capacity = (job.prompt.len() + job.req.max_tokens).min(inner.ctx_len);
-        let cache = match inner.model.new_cache(capacity) {
-            Ok(c) => c,
-            Err(e) => return Err((job, e)),
+    pub(super) fn activate(inner: &Inner, job: Job, blocks: Option<Allocation>) -> Result<Seq, (Job, anyhow::Error)> {
+        let (cache, cached_tokens) = match blocks {
+            Some(a) => (a.cache, a.cached_tokens),
+            None => match inner.model.new_cache(Seq::positions_needed(inner, &job)) {
+                Ok(c) => (c, 0),
+                Err(e) => return Err((job, e)),
+            },
         };
         let sampler = Sampler::new(job.req.sampling.clone());
         Ok(Seq {
             history: job.prompt.clone(),
             job,
             cache,
-            prefill_pos: 0,
+            prefill_pos: cached_tokens,
+            cached_tokens,
             generated: Vec::new(),
             sampler,
             decoder: StreamDecoder::new(),
@@ -99,7 +111,7 @@ impl Seq {
             return self.finish(inner, FinishReason::Stop);
         }
         let length_done = self.generated.len() >= self.job.req.max_tokens;
-        let context_done = self.cache.len + 1 > self.cache.capacity;
+        let context_done = self.cache.len + 1 > self.cache.capacity.min(inner.ctx_len);
         if length_done || context_done {
             self.pending.push_str(&self.decoder.finish());
             let text = std::mem::take(&mut self.pending);
@@ -132,6 +144,7 @@ impl Seq {
             completion_tokens: self.generated.len(),
             finish_reason: reason,
             token_ids: self.generated.clone(),
+            cached_prompt_tokens: self.cached_tokens,
             timings,
             text_tail: std::mem::take(&mut self.pending),
         };
@@ -142,11 +155,23 @@ impl Seq {
         StepOutcome::Finished
     }
 
-    /// Gives back everything the sequence holds in the counters (active slot, admission, KV).
-    pub(super) fn release(&mut self, c: &Counters) {
+    /// Gives back everything the sequence holds (active slot, admission, KV). Paged blocks
+    /// go back to the pool, their full blocks keyed for the prefix cache first.
+    pub(super) fn release(&mut self, c: &Counters, kv: Option<&mut BlockManager>) {
         c.active.fetch_sub(1, Ordering::SeqCst);
         self.release_admission(c);
         c.kv_bytes.fetch_sub(self.cache.bytes, Ordering::SeqCst);
+        if let Some(kv) = kv {
+            // history[..len] are the tokens whose K and V the cache holds.
+            kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
+            kv.release(self.cache.take_blocks());
+        }
+    }
+
+    /// Keys the prompt's full blocks for the prefix cache once the prompt is stored, so that
+    /// requests arriving while this one decodes can share them.
+    pub(super) fn register_prompt(&self, kv: &mut BlockManager) {
+        kv.register(self.cache.blocks(), &self.job.prompt[..self.cache.len.min(self.job.prompt.len())]);
     }
 
     /// Gives the sequence's admission slot back (once).

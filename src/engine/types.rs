@@ -44,6 +44,11 @@ pub struct EngineConfig {
     /// streams smooth while long prompts prefill; larger prefills faster.
     #[serde(default = "default_max_batch_tokens")]
     pub max_batch_tokens: usize,
+    /// Bytes of the paged KV cache pool (backends with paged KV: CPU); 0 = enough for
+    /// max_active_sequences sequences of the full context. Requests wait for free blocks;
+    /// unreferenced prefix-cache blocks are evicted when blocks run out.
+    #[serde(default)]
+    pub kv_cache_bytes: u64,
     pub kernel_timing: KernelTimingConfig,
 }
 
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             context_length: 4096,
             prefill_batch: 64,
             max_batch_tokens: default_max_batch_tokens(),
+            kv_cache_bytes: 0,
             kernel_timing: KernelTimingConfig::default(),
         }
     }
@@ -149,6 +155,9 @@ pub struct GenerationSummary {
     pub completion_tokens: usize,
     pub finish_reason: FinishReason,
     pub token_ids: Vec<u32>,
+    /// Prompt tokens whose KV came from the prefix cache (not computed).
+    #[serde(default)]
+    pub cached_prompt_tokens: usize,
     pub timings: Timings,
     /// Text not yet delivered in Token events (held back as a possible stop-sequence
     /// prefix, or an incomplete UTF-8 tail); clients append it to the completion.
@@ -168,11 +177,18 @@ pub enum GenerationEvent {
     Error(String),
 }
 
+impl From<super::validate::InvalidRequest> for SubmitError {
+    fn from(e: super::validate::InvalidRequest) -> SubmitError {
+        SubmitError::Invalid(e)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SubmitError {
-    /// The request is malformed (the message says why); nothing reached the model.
+    /// The request is malformed (the reason says why, and which field); nothing reached the
+    /// model.
     #[error("invalid request: {0}")]
-    Invalid(String),
+    Invalid(super::validate::InvalidRequest),
     /// The queue is full; retry after the hinted delay.
     #[error("server overloaded: {queued} requests queued, retry in {retry_after_ms} ms")]
     QueueFull { queued: usize, retry_after_ms: u64 },
@@ -193,6 +209,22 @@ pub struct EngineStats {
     pub batch_rows: StepHistogram,
     /// Sequences per engine step.
     pub batch_sequences: StepHistogram,
+    /// Paged KV cache blocks: all, referenced by sequences, cached (unreferenced prefix
+    /// blocks, evictable). All zero on backends without a paged cache.
+    #[serde(default)]
+    pub kv_blocks_total: usize,
+    #[serde(default)]
+    pub kv_blocks_used: usize,
+    #[serde(default)]
+    pub kv_blocks_cached: usize,
+    /// Prompt tokens found in the prefix cache / computed, since load.
+    #[serde(default)]
+    pub prefix_cache_hit_tokens: u64,
+    #[serde(default)]
+    pub prefix_cache_miss_tokens: u64,
+    /// Sequences preempted (blocks freed, recomputed later) since load.
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 /// Upper bounds of the [`StepHistogram`] buckets (powers of two; a last +Inf bucket follows).

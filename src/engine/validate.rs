@@ -1,9 +1,69 @@
 //! Request validation: what the engine refuses before anything reaches the model (empty or
 //! over-long prompts, token ids outside the vocabulary, sampling values out of range, stop
-//! sequences). Errors are `SubmitError::Invalid` (gRPC INVALID_ARGUMENT).
+//! sequences). Errors are `SubmitError::Invalid` with a typed [`InvalidRequest`] (gRPC
+//! INVALID_ARGUMENT with a BadRequest naming `field()`, HTTP 400 with `param`).
 
 use super::types::*;
 use super::Engine;
+
+/// Why a request was refused before reaching the model. The messages are the API's error
+/// texts; `field` names the request field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt is empty (no tokens)")]
+    NoPromptTokens,
+    #[error("messages are empty")]
+    EmptyMessages,
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutsideVocabulary { id: u32, vocab: usize },
+    /// Tokenizing stopped once the prompt could not fit (`prompt_limit`).
+    #[error("prompt has at least {context} tokens; the context holds {context}")]
+    PromptFillsContext { context: usize },
+    #[error("prompt has {tokens} tokens; the context holds {context}")]
+    PromptTooLong { tokens: usize, context: usize },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("max_tokens {max_tokens} is beyond the context: prompt {prompt} + max_tokens > context {context}")]
+    MaxTokensBeyondContext { max_tokens: usize, prompt: usize, context: usize },
+    /// The paged KV pool could never hold the whole request (it would wait forever).
+    #[error("prompt {prompt} + max_tokens {max_tokens} tokens need {blocks} KV blocks of {block_tokens}; the KV cache holds {pool_blocks} (engine.kv_cache_bytes)")]
+    BeyondKvCache { prompt: usize, max_tokens: usize, blocks: usize, block_tokens: usize, pool_blocks: usize },
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("min_p must be in [0, 1), got {0}")]
+    MinP(f32),
+    #[error("repetition_penalty must be >= 0, got {0}")]
+    RepetitionPenalty(f32),
+    #[error("at most {max} stop sequences, got {got}")]
+    TooManyStops { max: usize, got: usize },
+    #[error("stop sequences must not be empty")]
+    EmptyStop,
+    #[error("stop sequences are limited to {max_bytes} bytes")]
+    StopTooLong { max_bytes: usize },
+}
+
+impl InvalidRequest {
+    /// The request field at fault (gRPC BadRequest field, OpenAI `param`).
+    pub fn field(&self) -> &'static str {
+        use InvalidRequest::*;
+        match self {
+            EmptyPrompt | NoPromptTokens | TokenOutsideVocabulary { .. } | PromptFillsContext { .. } | PromptTooLong { .. } => "prompt",
+            EmptyMessages | ChatTemplate(_) => "messages",
+            ZeroMaxTokens | MaxTokensBeyondContext { .. } | BeyondKvCache { .. } => "max_tokens",
+            Temperature(_) => "sampling.temperature",
+            TopP(_) => "sampling.top_p",
+            MinP(_) => "sampling.min_p",
+            RepetitionPenalty(_) => "sampling.repetition_penalty",
+            TooManyStops { .. } | EmptyStop | StopTooLong { .. } => "stop",
+        }
+    }
+}
 
 /// Limits on stop sequences (bad requests are rejected before reaching the model).
 const MAX_STOP_SEQUENCES: usize = 16;
@@ -16,16 +76,16 @@ impl Engine {
         Ok(match prompt {
             PromptInput::Text { text, add_bos } => {
                 if text.is_empty() {
-                    return Err(SubmitError::Invalid("prompt is empty".into()));
+                    return Err(InvalidRequest::EmptyPrompt.into());
                 }
                 super::prompt_limit::encode_within_context(tk, text, *add_bos, self.inner.ctx_len)?
             }
             PromptInput::Tokens(ids) => ids.clone(),
             PromptInput::Chat(messages) => {
                 if messages.is_empty() {
-                    return Err(SubmitError::Invalid("messages are empty".into()));
+                    return Err(InvalidRequest::EmptyMessages.into());
                 }
-                let text = tk.apply_chat_template(messages, true).map_err(|e| SubmitError::Invalid(format!("chat template: {e:#}")))?;
+                let text = tk.apply_chat_template(messages, true).map_err(|e| InvalidRequest::ChatTemplate(format!("{e:#}")))?;
                 super::prompt_limit::encode_within_context(tk, &text, false, self.inner.ctx_len)?
             }
         })
@@ -33,51 +93,60 @@ impl Engine {
 
     /// Checks a request against the model and limits without running anything.
     pub fn validate(&self, req: &GenerationRequest) -> Result<Vec<u32>, SubmitError> {
-        let invalid = |m: String| Err(SubmitError::Invalid(m));
+        let invalid = |e: InvalidRequest| Err(SubmitError::Invalid(e));
         let prompt = self.prompt_tokens(&req.prompt)?;
         let ctx = self.inner.ctx_len;
         let vocab = self.inner.info.vocab_size;
         if prompt.is_empty() {
-            return invalid("prompt is empty (no tokens)".into());
+            return invalid(InvalidRequest::NoPromptTokens);
         }
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return invalid(format!("token id {bad} is outside the vocabulary of {vocab}"));
+            return invalid(InvalidRequest::TokenOutsideVocabulary { id: *bad, vocab });
         }
         if prompt.len() >= ctx {
-            return invalid(format!("prompt has {} tokens; the context holds {ctx}", prompt.len()));
+            return invalid(InvalidRequest::PromptTooLong { tokens: prompt.len(), context: ctx });
         }
         if req.max_tokens == 0 {
-            return invalid("max_tokens must be at least 1".into());
+            return invalid(InvalidRequest::ZeroMaxTokens);
         }
         if prompt.len() + req.max_tokens > ctx {
-            return invalid(format!(
-                "max_tokens {} is beyond the context: prompt {} + max_tokens > context {ctx}",
-                req.max_tokens,
-                prompt.len()
-            ));
+            return invalid(InvalidRequest::MaxTokensBeyondContext { max_tokens: req.max_tokens, prompt: prompt.len(), context: ctx });
+        }
+        // The paged KV pool must be able to hold the whole request at once, or it would wait
+        // forever (a smaller request waits for blocks instead).
+        let total_blocks = self.inner.kv_total_blocks;
+        let need_blocks = (prompt.len() + req.max_tokens).div_ceil(super::kv::KV_BLOCK_TOKENS);
+        if total_blocks > 0 && need_blocks > total_blocks {
+            return invalid(InvalidRequest::BeyondKvCache {
+                prompt: prompt.len(),
+                max_tokens: req.max_tokens,
+                blocks: need_blocks,
+                block_tokens: super::kv::KV_BLOCK_TOKENS,
+                pool_blocks: total_blocks,
+            });
         }
         let s = &req.sampling;
         if !s.temperature.is_finite() || s.temperature < 0.0 {
-            return invalid(format!("temperature must be a finite number >= 0, got {}", s.temperature));
+            return invalid(InvalidRequest::Temperature(s.temperature));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return invalid(format!("top_p must be in (0, 1], got {}", s.top_p));
+            return invalid(InvalidRequest::TopP(s.top_p));
         }
         if !(s.min_p >= 0.0 && s.min_p < 1.0) {
-            return invalid(format!("min_p must be in [0, 1), got {}", s.min_p));
+            return invalid(InvalidRequest::MinP(s.min_p));
         }
         if !s.repetition_penalty.is_finite() || s.repetition_penalty < 0.0 {
-            return invalid(format!("repetition_penalty must be >= 0, got {}", s.repetition_penalty));
+            return invalid(InvalidRequest::RepetitionPenalty(s.repetition_penalty));
         }
         if req.stop.len() > MAX_STOP_SEQUENCES {
-            return invalid(format!("at most {MAX_STOP_SEQUENCES} stop sequences, got {}", req.stop.len()));
+            return invalid(InvalidRequest::TooManyStops { max: MAX_STOP_SEQUENCES, got: req.stop.len() });
         }
         for st in &req.stop {
             if st.is_empty() {
-                return invalid("stop sequences must not be empty".into());
+                return invalid(InvalidRequest::EmptyStop);
             }
             if st.len() > MAX_STOP_BYTES {
-                return invalid(format!("stop sequences are limited to {MAX_STOP_BYTES} bytes"));
+                return invalid(InvalidRequest::StopTooLong { max_bytes: MAX_STOP_BYTES });
             }
         }
         Ok(prompt)

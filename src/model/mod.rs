@@ -17,7 +17,7 @@ pub mod moe;
 
 pub use hparams::{Arch, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
 
-use crate::backend::{AttentionShape, Backend, Buffer, Weight};
+use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, Weight};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 use std::sync::Arc;
@@ -65,13 +65,66 @@ pub struct Model {
     output: Option<Weight>,
 }
 
-/// Per-sequence KV cache: one K and one V buffer per layer, `capacity` positions.
+/// One sequence's KV cache: `len` positions stored out of `capacity`. Either its own K and
+/// V buffer per layer (`Model::new_cache`), or a table of blocks of a shared [`KvPool`]
+/// (`KvCache::paged`; the engine's block manager, src/engine/kv.rs, owns the blocks).
 pub struct KvCache {
-    k: Vec<Buffer>,
-    v: Vec<Buffer>,
+    storage: KvStorage,
     pub len: usize,
     pub capacity: usize,
+    /// Bytes this cache owns (0 for a paged one: the pool is accounted as a whole).
     pub bytes: usize,
+}
+
+enum KvStorage {
+    Own { k: Vec<Buffer>, v: Vec<Buffer> },
+    Paged { blocks: Vec<u32>, block_size: usize },
+}
+
+impl KvCache {
+    /// A cache made of pool blocks, whose first `len` positions are already stored (a
+    /// prefix-cache hit); capacity is the blocks' positions.
+    pub fn paged(blocks: Vec<u32>, block_size: usize, len: usize) -> KvCache {
+        let capacity = blocks.len() * block_size;
+        assert!(len <= capacity, "a paged cache of {capacity} positions cannot hold {len}");
+        KvCache { storage: KvStorage::Paged { blocks, block_size }, len, capacity, bytes: 0 }
+    }
+
+    /// The block table of a paged cache (empty for an owned one).
+    pub fn blocks(&self) -> &[u32] {
+        match &self.storage {
+            KvStorage::Paged { blocks, .. } => blocks,
+            KvStorage::Own { .. } => &[],
+        }
+    }
+
+    /// Hands the blocks of a paged cache back (to be released); the cache is empty after.
+    pub fn take_blocks(&mut self) -> Vec<u32> {
+        self.len = 0;
+        self.capacity = 0;
+        match &mut self.storage {
+            KvStorage::Paged { blocks, .. } => std::mem::take(blocks),
+            KvStorage::Own { .. } => Vec::new(),
+        }
+    }
+}
+
+/// The KV pool of a paged cache: per layer one K and one V buffer of `n_blocks` blocks of
+/// `block_size` positions, shared by every sequence through its block table.
+pub struct KvPool {
+    k: Vec<Buffer>,
+    v: Vec<Buffer>,
+    pub block_size: usize,
+    pub n_blocks: usize,
+    pub bytes: usize,
+}
+
+impl KvPool {
+    /// A pool without storage, for tests of the block bookkeeping.
+    #[cfg(test)]
+    pub(crate) fn for_tests(n_blocks: usize, block_size: usize) -> KvPool {
+        KvPool { k: Vec::new(), v: Vec::new(), block_size, n_blocks, bytes: 0 }
+    }
 }
 
 /// One sequence's part of a batched forward pass: its cache, the tokens it appends at
@@ -167,14 +220,32 @@ impl Model {
 
     /// Allocates a KV cache for `capacity` positions (element type chosen by the backend).
     pub fn new_cache(&self, capacity: usize) -> anyhow::Result<KvCache> {
-        let kv = self.hp.kv_dim() * capacity;
+        let (k, v) = self.alloc_kv_layers(capacity)?;
+        Ok(KvCache { storage: KvStorage::Own { k, v }, len: 0, capacity, bytes: self.cache_bytes(capacity) })
+    }
+
+    /// Allocates a KV pool of `n_blocks` blocks of `block_size` positions (a power of two),
+    /// for backends with `paged_kv()`.
+    pub fn new_kv_pool(&self, n_blocks: usize, block_size: usize) -> anyhow::Result<KvPool> {
+        if !self.backend.paged_kv() {
+            bail!("the {} backend has no paged KV cache", self.backend.name());
+        }
+        if !block_size.is_power_of_two() || n_blocks == 0 {
+            bail!("KV pool: {n_blocks} blocks of {block_size} positions (need >= 1 block, a power-of-two size)");
+        }
+        let (k, v) = self.alloc_kv_layers(n_blocks * block_size)?;
+        Ok(KvPool { k, v, block_size, n_blocks, bytes: self.cache_bytes(n_blocks * block_size) })
+    }
+
+    fn alloc_kv_layers(&self, positions: usize) -> anyhow::Result<(Vec<Buffer>, Vec<Buffer>)> {
+        let kv = self.hp.kv_dim() * positions;
         let mut k = Vec::with_capacity(self.hp.n_layer);
         let mut v = Vec::with_capacity(self.hp.n_layer);
         for _ in 0..self.hp.n_layer {
             k.push(self.backend.alloc_kv_cache(kv)?);
             v.push(self.backend.alloc_kv_cache(kv)?);
         }
-        Ok(KvCache { k, v, len: 0, capacity, bytes: self.cache_bytes(capacity) })
+        Ok((k, v))
     }
 
     /// Bytes a KV cache of `capacity` positions takes.
@@ -202,16 +273,31 @@ impl Model {
     /// for every sequence before anything runs; an error after that (a GPU fault) leaves the
     /// caches' lengths unchanged, their contents past `len` undefined.
     pub fn forward_batch(&self, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.forward_batch_in(None, seqs)
+    }
+
+    /// [`Model::forward_batch`] where sequences may have paged caches in `pool` (the same
+    /// arithmetic: only where K and V rows live differs).
+    pub fn forward_batch_in(&self, mut pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut result = None;
-        self.backend.run(&mut || result = Some(self.forward_pass(seqs)));
+        self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), seqs)));
         result.expect("the backend ran the forward pass")
     }
 
-    fn forward_pass(&self, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    fn forward_pass(&self, mut pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             bail!("forward called with no sequences");
         }
         for s in seqs.iter() {
+            if let KvStorage::Paged { blocks, block_size } = &s.cache.storage {
+                match pool.as_deref() {
+                    None => bail!("a paged KV cache needs its pool"),
+                    Some(p) if p.block_size != *block_size || blocks.iter().any(|&b| b as usize >= p.n_blocks) => {
+                        bail!("a KV block table does not match the pool")
+                    }
+                    Some(_) => {}
+                }
+            }
             if s.tokens.is_empty() {
                 bail!("forward called with no tokens");
             }
@@ -270,7 +356,6 @@ impl Model {
             // Ragged part: each sequence stores its rows and attends over its own cache.
             for (s, &row) in seqs.iter_mut().zip(&first_rows) {
                 let (start, len) = (s.cache.len, s.tokens.len());
-                be.kv_store(&k, &v, &mut s.cache.k[li], &mut s.cache.v[li], row, start, len, kvd);
                 let shape = AttentionShape {
                     n_tokens: len,
                     start_pos: start,
@@ -280,7 +365,18 @@ impl Model {
                     head_dim: hp.head_dim,
                     window: hp.layer_window(li),
                 };
-                be.attention(&q, &s.cache.k[li], &s.cache.v[li], shape, &mut att);
+                match &mut s.cache.storage {
+                    KvStorage::Own { k: kc, v: vc } => {
+                        be.kv_store(&k, &v, &mut kc[li], &mut vc[li], row, start, len, kvd);
+                        be.attention(&q, &kc[li], &vc[li], shape, &mut att);
+                    }
+                    KvStorage::Paged { blocks, block_size } => {
+                        let p = pool.as_deref_mut().expect("checked above");
+                        let table = KvBlocks::new(blocks, *block_size);
+                        be.kv_store_paged(&k, &v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
+                        be.attention_paged(&q, &p.k[li], &p.v[li], table, shape, &mut att);
+                    }
+                }
             }
             be.matmul(&a.wo, &att, n, &mut h);
             if let Some(w) = &layer.post_attn_norm {

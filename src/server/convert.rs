@@ -66,7 +66,7 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// The gRPC status for a refused submission.
 pub fn submit_status(e: SubmitError) -> Status {
     match e {
-        SubmitError::Invalid(m) => bad_request(invalid_field(&m), m),
+        SubmitError::Invalid(e) => bad_request(e.field(), e.to_string()),
         SubmitError::QueueFull { queued, retry_after_ms } => {
             busy_status(&format!("server overloaded: {queued} requests queued; retry after {retry_after_ms} ms"), retry_after_ms)
         }
@@ -87,26 +87,6 @@ pub fn busy_status(message: &str, retry_after_ms: u64) -> Status {
 pub fn bad_request(field: &str, description: String) -> Status {
     let details = ErrorDetails::with_bad_request_violation(field, description.clone());
     Status::with_error_details(Code::InvalidArgument, description, details)
-}
-
-/// The request field an engine validation message is about (the messages start with it).
-fn invalid_field(message: &str) -> &'static str {
-    const SAMPLING: &[(&str, &str)] = &[
-        ("temperature", "sampling.temperature"),
-        ("top_p", "sampling.top_p"),
-        ("min_p", "sampling.min_p"),
-        ("repetition_penalty", "sampling.repetition_penalty"),
-        ("max_tokens", "max_tokens"),
-        ("messages", "messages"),
-        ("chat template", "messages"),
-    ];
-    if let Some((_, field)) = SAMPLING.iter().find(|(prefix, _)| message.starts_with(prefix)) {
-        return field;
-    }
-    if message.contains("stop sequence") {
-        return "stop";
-    }
-    "prompt"
 }
 
 /// The `reason` label of `civetta_requests_rejected_total`.
@@ -131,7 +111,11 @@ pub fn finish_reason(r: FinishReason) -> proto::FinishReason {
 
 pub fn done_message(s: GenerationSummary) -> proto::GenerateDone {
     proto::GenerateDone {
-        usage: Some(proto::Usage { prompt_tokens: s.prompt_tokens as u32, completion_tokens: s.completion_tokens as u32 }),
+        usage: Some(proto::Usage {
+            prompt_tokens: s.prompt_tokens as u32,
+            completion_tokens: s.completion_tokens as u32,
+            cached_prompt_tokens: s.cached_prompt_tokens as u32,
+        }),
         timings: Some(proto::Timings {
             queue_seconds: s.timings.queue.as_secs_f64(),
             prefill_seconds: s.timings.prefill.as_secs_f64(),
@@ -213,6 +197,7 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::InvalidRequest;
 
     fn req() -> proto::GenerateRequest {
         proto::GenerateRequest { prompt: "hi".into(), max_tokens: 4, ..Default::default() }
@@ -275,13 +260,13 @@ mod tests {
     fn errors_carry_rich_details() {
         let s = submit_status(SubmitError::QueueFull { queued: 3, retry_after_ms: 650 });
         assert_eq!(s.get_details_retry_info().and_then(|r| r.retry_delay), Some(Duration::from_millis(650)));
-        for (message, field) in [
-            ("top_p must be in (0, 1], got 1.5", "sampling.top_p"),
-            ("max_tokens must be at least 1", "max_tokens"),
-            ("at most 16 stop sequences, got 17", "stop"),
-            ("prompt has at least 2048 tokens; the context holds 2048", "prompt"),
+        for (e, message, field) in [
+            (InvalidRequest::TopP(1.5), "top_p must be in (0, 1], got 1.5", "sampling.top_p"),
+            (InvalidRequest::ZeroMaxTokens, "max_tokens must be at least 1", "max_tokens"),
+            (InvalidRequest::TooManyStops { max: 16, got: 17 }, "at most 16 stop sequences, got 17", "stop"),
+            (InvalidRequest::PromptFillsContext { context: 2048 }, "prompt has at least 2048 tokens; the context holds 2048", "prompt"),
         ] {
-            let s = submit_status(SubmitError::Invalid(message.into()));
+            let s = submit_status(SubmitError::Invalid(e));
             let v = s.get_details_bad_request().expect("BadRequest").field_violations;
             assert_eq!((v[0].field.as_str(), v[0].description.as_str()), (field, message));
         }
@@ -295,7 +280,7 @@ mod tests {
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert!(s.message().contains("650 ms"));
         assert_eq!(s.metadata().get(RETRY_AFTER_MS).unwrap().to_str().unwrap(), "650");
-        assert_eq!(submit_status(SubmitError::Invalid("x".into())).code(), Code::InvalidArgument);
+        assert_eq!(submit_status(SubmitError::Invalid(InvalidRequest::EmptyPrompt)).code(), Code::InvalidArgument);
         assert_eq!(submit_status(SubmitError::ShuttingDown).code(), Code::Unavailable);
     }
 

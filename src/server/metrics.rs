@@ -210,9 +210,26 @@ const ENGINE_HISTOGRAMS: [(&str, &str, &[&str]); 2] = [
     ("civetta_batch_sequences", "Sequences in one engine step's forward pass", &[]),
 ];
 
+/// The paged KV cache and prefix cache (zero on backends without a paged cache).
+const KV_METRICS: [(&str, &str, &[&str]); 4] = [
+    ("civetta_kv_cache_usage_ratio", "Fraction of the paged KV cache's blocks referenced by sequences", &[]),
+    ("civetta_kv_cache_blocks", "Paged KV cache blocks by state: used (by sequences), cached (prefix cache, evictable), free", &["state"]),
+    ("civetta_prefix_cache_tokens_total", "Prompt tokens whose KV was found in the prefix cache (hit) or computed (miss)", &["result"]),
+    ("civetta_preemptions_total", "Sequences preempted when KV blocks ran out (blocks freed, recomputed later)", &[]),
+];
+
+fn counter_metric(labels: Vec<LabelPair>, value: f64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(value);
+    let mut m = Metric::default();
+    m.set_label(labels);
+    m.set_counter(c);
+    m
+}
+
 impl EngineCollector {
     pub fn new(stats: impl Fn() -> EngineStats + Send + Sync + 'static) -> EngineCollector {
-        let specs: Vec<_> = ENGINE_GAUGES.iter().chain(&ENGINE_HISTOGRAMS).copied().collect();
+        let specs: Vec<_> = ENGINE_GAUGES.iter().chain(&ENGINE_HISTOGRAMS).chain(&KV_METRICS).copied().collect();
         EngineCollector { stats: Box::new(stats), descs: descs(&specs) }
     }
 }
@@ -257,6 +274,17 @@ impl Collector for EngineCollector {
         for ((name, help, _), h) in ENGINE_HISTOGRAMS.iter().zip([&s.batch_rows, &s.batch_sequences]) {
             families.push(family(name, help, MetricType::HISTOGRAM, vec![step_histogram(h)]));
         }
+        let [usage, blocks, prefix, preempt] = KV_METRICS;
+        let ratio = if s.kv_blocks_total == 0 { 0.0 } else { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 };
+        families.push(family(usage.0, usage.1, MetricType::GAUGE, vec![gauge_metric(vec![], ratio)]));
+        let free = s.kv_blocks_total.saturating_sub(s.kv_blocks_used + s.kv_blocks_cached);
+        let by_state = [("used", s.kv_blocks_used), ("cached", s.kv_blocks_cached), ("free", free)];
+        let block_metrics = by_state.iter().map(|(st, n)| gauge_metric(vec![label("state", st)], *n as f64)).collect();
+        families.push(family(blocks.0, blocks.1, MetricType::GAUGE, block_metrics));
+        let tokens = [("hit", s.prefix_cache_hit_tokens), ("miss", s.prefix_cache_miss_tokens)];
+        let token_metrics = tokens.iter().map(|(r, n)| counter_metric(vec![label("result", r)], *n as f64)).collect();
+        families.push(family(prefix.0, prefix.1, MetricType::COUNTER, token_metrics));
+        families.push(family(preempt.0, preempt.1, MetricType::COUNTER, vec![counter_metric(vec![], s.preemptions as f64)]));
         families
     }
 }
@@ -487,7 +515,19 @@ mod tests {
             for rows in [1, 3, 3, 40] {
                 batch_rows.observe(rows);
             }
-            EngineStats { queued: 3, active: 2, kv_bytes: 4096, batch_rows, ..Default::default() }
+            EngineStats {
+                queued: 3,
+                active: 2,
+                kv_bytes: 4096,
+                batch_rows,
+                kv_blocks_total: 8,
+                kv_blocks_used: 2,
+                kv_blocks_cached: 1,
+                prefix_cache_hit_tokens: 32,
+                prefix_cache_miss_tokens: 5,
+                preemptions: 1,
+                ..Default::default()
+            }
         })))
         .unwrap();
         m.register(Box::new(KernelCollector::new(|| vec![snap("rope", "m1", &[(0, 1)], 1, None)]))).unwrap();
@@ -504,6 +544,12 @@ mod tests {
         assert_eq!(sample(&text, "civetta_queue_depth"), 3.0);
         assert_eq!(sample(&text, "civetta_active_sequences"), 2.0);
         assert_eq!(sample(&text, "civetta_kv_cache_bytes"), 4096.0);
+        assert_eq!(sample(&text, "civetta_kv_cache_usage_ratio"), 0.25);
+        assert_eq!(sample(&text, r#"civetta_kv_cache_blocks{state="free"}"#), 5.0);
+        assert_eq!(sample(&text, r#"civetta_kv_cache_blocks{state="cached"}"#), 1.0);
+        assert_eq!(sample(&text, r#"civetta_prefix_cache_tokens_total{result="hit"}"#), 32.0);
+        assert_eq!(sample(&text, r#"civetta_prefix_cache_tokens_total{result="miss"}"#), 5.0);
+        assert_eq!(sample(&text, "civetta_preemptions_total"), 1.0);
         assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="2"}"#), 1.0);
         assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="4"}"#), 3.0);
         assert_eq!(sample(&text, r#"civetta_batch_rows_bucket{le="+Inf"}"#), 4.0);

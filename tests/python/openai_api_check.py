@@ -105,7 +105,11 @@ text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
 check(text == c.message.content, f"streamed text equals non-streamed: {text!r} vs {c.message.content!r}")
 check(finishes == [c.finish_reason], f"one finish_reason in the stream: {finishes}")
-check(chunks[-1].choices == [] and chunks[-1].usage == u, f"include_usage chunk last, same usage: {chunks[-1]}")
+# Same token counts; the repeat's prompt is served from the prefix cache (cached_tokens > 0).
+su = chunks[-1].usage
+same = su is not None and (su.prompt_tokens, su.completion_tokens, su.total_tokens) == (u.prompt_tokens, u.completion_tokens, u.total_tokens)
+check(chunks[-1].choices == [] and same, f"include_usage chunk last, same usage: {chunks[-1]}")
+check(su.prompt_tokens_details is not None and su.prompt_tokens_details.cached_tokens > 0, f"the repeated prompt hits the prefix cache: {su}")
 check(all(ch.object == "chat.completion.chunk" for ch in chunks), "chunk objects")
 
 # logprobs: one entry per generated token, all <= 0.

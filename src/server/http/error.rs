@@ -143,7 +143,8 @@ pub fn status_code_label(status: StatusCode) -> Code {
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> ApiError {
         match e {
-            SubmitError::Invalid(m) => ApiError::invalid(m),
+            // OpenAI's parameter names have no "sampling." prefix.
+            SubmitError::Invalid(e) => ApiError::invalid_param(e.field().trim_start_matches("sampling."), e.to_string()),
             SubmitError::QueueFull { queued, retry_after_ms } => ApiError {
                 code: Some("queue_full"),
                 retry_after_ms: Some(retry_after_ms),
@@ -183,7 +184,7 @@ mod tests {
         let r = e.into_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert_eq!(r.headers()["retry-after-ms"], "1200");
-        assert_eq!(ApiError::from(SubmitError::Invalid("x".into())).status, StatusCode::BAD_REQUEST);
+        assert_eq!(ApiError::from(SubmitError::Invalid(crate::engine::InvalidRequest::EmptyPrompt)).status, StatusCode::BAD_REQUEST);
         assert_eq!(ApiError::from(SubmitError::ShuttingDown).status, StatusCode::SERVICE_UNAVAILABLE);
     }
 

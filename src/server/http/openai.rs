@@ -331,6 +331,13 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's `usage.prompt_tokens_details`: prompt tokens served from the prefix cache.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -339,6 +346,7 @@ impl Usage {
             prompt_tokens: s.prompt_tokens,
             completion_tokens: s.completion_tokens,
             total_tokens: s.prompt_tokens + s.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: s.cached_prompt_tokens },
         }
     }
 }
