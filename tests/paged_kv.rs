@@ -144,6 +144,7 @@ fn request(tokens: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         sampling: SamplingParams::default(),
         stop: vec![],
         ignore_eos: true,
+        top_logprobs: 0,
     }
 }
 
