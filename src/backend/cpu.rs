@@ -101,6 +101,7 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
         GgmlType::Q4_K => "matmul_q4_k",
         GgmlType::Q5_K => "matmul_q5_k",
         GgmlType::Q6_K => "matmul_q6_k",
+        GgmlType::MXFP4 => "matmul_mxfp4",
         _ => "matmul_other",
     }
 }
