@@ -77,6 +77,29 @@ pub struct MoeParams {
     pub norm_topk: bool,
     /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1 mean none).
     pub weights_scale: f32,
+    /// How router logits become expert weights.
+    pub gating: Gating,
+    /// The experts' activation.
+    pub act: ExpertAct,
+}
+
+/// llama.cpp's expert gating functions that civetta runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, top-k of the probabilities (qwen2moe, qwen3moe).
+    Softmax,
+    /// Top-k of the raw logits, then softmax over the k selected (gpt-oss;
+    /// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+    SoftmaxWeight,
+}
+
+/// The experts' gated activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertAct {
+    /// silu(gate) * up.
+    SwiGlu,
+    /// gpt-oss's clamped SwiGLU (`moe::swiglu_oai`).
+    SwiGluOai,
 }
 
 #[derive(Debug, Clone)]
@@ -147,7 +170,16 @@ impl HParams {
             // llama.cpp's graphs fix this per architecture (they ignore `expert_weights_norm`).
             let norm_topk = arch == Arch::Qwen3Moe;
             let weights_scale = f.get_f32(&key("expert_weights_scale")).unwrap_or(0.0);
-            Some(MoeParams { n_expert, n_expert_used, n_ff_exp, n_ff_shexp, norm_topk, weights_scale })
+            Some(MoeParams {
+                n_expert,
+                n_expert_used,
+                n_ff_exp,
+                n_ff_shexp,
+                norm_topk,
+                weights_scale,
+                gating: Gating::Softmax,
+                act: ExpertAct::SwiGlu,
+            })
         } else {
             None
         };

@@ -15,7 +15,7 @@
 mod hparams;
 pub mod moe;
 
-pub use hparams::{Arch, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
+pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
