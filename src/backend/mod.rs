@@ -117,6 +117,21 @@ pub trait Backend: Send + Sync {
     );
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    /// `attention` with gpt-oss's attention sinks: query head h's softmax denominator gains
+    /// exp(sinks[h] - max), as if one more key scored sinks[h] with a zero value (llama.cpp's
+    /// `attn_sinks`). The default refuses (the GPU backends have no such kernel yet).
+    fn attention_with_sinks(
+        &self,
+        q: &Buffer,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        shape: AttentionShape,
+        sinks: &[f32],
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        let _ = (q, k_cache, v_cache, shape, sinks, out);
+        anyhow::bail!("{} backend: attention sinks (gpt-oss) are not supported", self.name())
+    }
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it

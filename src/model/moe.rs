@@ -10,8 +10,7 @@
 //! `ExpertAct::SwiGluOai`): router logits + `ffn_gate_inp.bias` -> top-k of the logits ->
 //! softmax over the k selected -> per expert gate/up + their `ffn_{gate,up}_exps.bias` rows
 //! (ggml_add_id) -> `swiglu_oai` -> down + `ffn_down_exps.bias` row -> weighted sum. Biases
-//! are loaded wherever the file has them. (The gpt-oss attention side, sinks, is not wired
-//! yet, so no architecture selects these paths from a file so far.)
+//! are loaded wherever the file has them.
 //!
 //! Routing runs on the host (the router logits are n_tokens x n_expert floats). The expert
 //! matmuls follow ggml's `mul_mat_id`: each active expert's tokens are gathered into one
@@ -131,7 +130,7 @@ pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams) 
 }
 
 /// An F32 tensor of `n` elements read into host memory (small per-layer vectors).
-fn host_f32(file: &GgufFile, name: &str, n: usize) -> anyhow::Result<Vec<f32>> {
+pub(crate) fn host_f32(file: &GgufFile, name: &str, n: usize) -> anyhow::Result<Vec<f32>> {
     let t = file.tensor(name).with_context(|| format!("tensor {name} is missing"))?;
     if t.ggml_type != crate::gguf::GgmlType::F32 {
         bail!("tensor {name}: type {}, expected f32", t.ggml_type);
