@@ -17,7 +17,9 @@ import os
 import subprocess
 import tempfile
 
-CASES = [("qwen3moe", "q8_0"), ("qwen3moe", "q4_k"), ("qwen2moe", "q8_0"), ("qwen2moe", "q4_k")]
+CASES = [("qwen3moe", "q8_0"), ("qwen3moe", "q4_k"), ("qwen2moe", "q8_0"), ("qwen2moe", "q4_k"),
+         # gpt-oss: experts MXFP4 and the rest Q8_0 (as the real files), and all Q8_0.
+         ("gpt-oss", "mxfp4"), ("gpt-oss", "q8_0")]
 # The prompt of tests/reference_logits.rs: 16 ids from the tiny preset's trained BPE range.
 PROMPT = "299,407,280,461,114,501,293,574,312,519,44,274,259,307,105,314"
 STEPS = 32
@@ -29,10 +31,12 @@ def main():
     ap.add_argument("--civetta", required=True)
     ap.add_argument("--greedy", required=True)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "moe"))
+    ap.add_argument("--only", help="comma-separated ARCH-QUANT cases to (re)write, e.g. gpt-oss-mxfp4")
     args = ap.parse_args()
+    cases = [c for c in CASES if not args.only or f"{c[0]}-{c[1]}" in args.only.split(",")]
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, quant in CASES:
+        for arch, quant in cases:
             model = os.path.join(tmp, f"{arch}-{quant}.gguf")
             subprocess.run([args.civetta, "model", "synth", "--arch", arch, "--quant", quant, "--seed", "1", "-o", model], check=True)
             sha = hashlib.sha256(open(model, "rb").read()).hexdigest()

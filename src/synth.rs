@@ -29,8 +29,9 @@ use std::path::{Path, PathBuf};
 pub const ARCHES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 /// Mixture-of-experts architectures: the attention of their dense family (qwen2, qwen3) with
 /// routed experts (and qwen2moe's shared expert) in place of the dense FFN.
-pub const MOE_ARCHES: [&str; 2] = ["qwen2moe", "qwen3moe"];
-pub const QUANTS: [&str; 11] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"];
+pub const MOE_ARCHES: [&str; 3] = ["qwen2moe", "qwen3moe", "gpt-oss"];
+/// `mxfp4` is for gpt-oss only: its experts in MXFP4, the other matrices Q8_0 (as the real files).
+pub const QUANTS: [&str; 12] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"];
 pub const SIZES: [&str; 4] = ["tiny", "small", "1b", "8b"];
 
 #[derive(clap::Args, Debug, Clone)]
@@ -214,6 +215,7 @@ impl SynthSpec {
             ensure!(m.expert_ffn > 0, "expert ffn must be at least 1");
         }
         ensure!(crate::quant::supports(self.quant), "weight type {} is not supported", self.quant);
+        ensure!(self.quant != GgmlType::MXFP4 || self.is_gpt_oss(), "mxfp4 is for gpt-oss's experts only");
         for (what, n) in [
             ("layers", self.layers),
             ("dim", self.dim),
@@ -237,7 +239,7 @@ impl SynthSpec {
                 self.dim
             );
         }
-        let block = self.quant.block_size();
+        let block = self.dense_quant().block_size();
         for (what, n) in [("dim", self.dim), ("ffn", self.ffn), ("heads x head size", self.heads * self.head_dim)] {
             ensure!(n % block == 0, "{what} = {n} is not a multiple of the {} block size {block}", self.quant);
         }
@@ -253,6 +255,19 @@ impl SynthSpec {
 
     fn is_gemma3(&self) -> bool {
         self.arch == "gemma3"
+    }
+
+    fn is_gpt_oss(&self) -> bool {
+        self.arch == "gpt-oss"
+    }
+
+    /// The type of the matrices other than the experts (`mxfp4` files keep them in Q8_0).
+    fn dense_quant(&self) -> GgmlType {
+        if self.quant == GgmlType::MXFP4 {
+            GgmlType::Q8_0
+        } else {
+            self.quant
+        }
     }
 
     /// The family's special tokens, appended after the BPE and padding tokens.
@@ -334,6 +349,7 @@ fn file_type(t: GgmlType) -> u32 {
         Q5_K => 16, // Q5_K_S
         Q6_K => 18,
         BF16 => 32,
+        MXFP4 => 38, // MXFP4_MOE: experts MXFP4, the rest as written
         _ => 0,
     }
 }
@@ -362,8 +378,13 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
     w.add_metadata(&k("feed_forward_length"), u(spec.ffn));
     w.add_metadata(&k("attention.head_count"), u(spec.heads));
     w.add_metadata(&k("attention.head_count_kv"), u(spec.kv_heads));
-    w.add_metadata(&k("attention.layer_norm_rms_epsilon"), V::F32(if spec.is_llama() { 1e-5 } else { 1e-6 }));
-    w.add_metadata(&k("rope.freq_base"), V::F32(if spec.is_llama() { 10000.0 } else { 1_000_000.0 }));
+    w.add_metadata(&k("attention.layer_norm_rms_epsilon"), V::F32(if spec.is_llama() || spec.is_gpt_oss() { 1e-5 } else { 1e-6 }));
+    let rope_base = match a {
+        "llama" => 10000.0,
+        "gpt-oss" => 150000.0,
+        _ => 1_000_000.0,
+    };
+    w.add_metadata(&k("rope.freq_base"), V::F32(rope_base));
     // As convert_hf_to_gguf.py: LlamaModel adds the vocab size and rope dimension count;
     // Qwen3's config has an explicit head_dim, which becomes the key/value lengths.
     if spec.is_llama() {
@@ -385,6 +406,11 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
     if spec.is_gemma3() {
         // As the real file: sliding window, no pattern key (llama.cpp's default period 6)
         // and no freq_base_swa (default 10000).
+        w.add_metadata(&k("attention.sliding_window"), u(GEMMA3_SYNTH_WINDOW));
+    }
+    if spec.is_gpt_oss() {
+        // Windowed even layers (llama.cpp's default pattern 2); no YaRN scaling keys (the real
+        // files have them, civetta's RoPE does not do YaRN yet).
         w.add_metadata(&k("attention.sliding_window"), u(GEMMA3_SYNTH_WINDOW));
     }
 }
@@ -433,16 +459,22 @@ const SUCCESSOR_NORM: f32 = 1.5;
 
 fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
     let (d, qd, kvd, ff, nv) = (spec.dim, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.ffn, spec.vocab);
-    let q = spec.quant;
+    let (q, qe) = (spec.dense_quant(), spec.quant);
     let seed = spec.seed;
+    let gpt_oss = spec.is_gpt_oss();
+    let bias = |w: &mut GgufWriter, name: &str, dims: &[u64]| {
+        let n = dims.iter().product::<u64>() as usize;
+        let v: Vec<f32> = gaussian(tensor_seed(seed, name), n).into_iter().map(|x| 0.1 * x).collect();
+        w.add_tensor(name, dims, GgmlType::F32, f32_bytes(&v))
+    };
     let f32_tensor = |w: &mut GgufWriter, name: &str, v: Vec<f32>| w.add_tensor(name, &[v.len() as u64], GgmlType::F32, f32_bytes(&v));
     let norm = |w: &mut GgufWriter, name: &str, n: usize| {
         f32_tensor(w, name, gaussian(tensor_seed(seed, name), n).into_iter().map(|x| 1.0 + 0.1 * x).collect())
     };
     let experts_tensor = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, experts: usize, gain: f32| {
         let std = gain / (cols as f32).sqrt();
-        let data = quantized_rows(q, cols, rows * experts, |r| random_row(seed, name, r, cols, std))?;
-        w.add_tensor(name, &[cols as u64, rows as u64, experts as u64], q, data)
+        let data = quantized_rows(qe, cols, rows * experts, |r| random_row(seed, name, r, cols, std))?;
+        w.add_tensor(name, &[cols as u64, rows as u64, experts as u64], qe, data)
     };
     // `rows` output features of `cols` inputs each, ggml dims [cols, rows].
     let matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, gain: f32| {
@@ -458,7 +490,7 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
         matrix(w, &p("attn_q.weight"), d, qd, 1.0)?;
         matrix(w, &p("attn_k.weight"), d, kvd, 1.0)?;
         matrix(w, &p("attn_v.weight"), d, kvd, 1.0)?;
-        if family(&spec.arch) == "qwen2" {
+        if family(&spec.arch) == "qwen2" || gpt_oss {
             for (name, n) in [(p("attn_q.bias"), qd), (p("attn_k.bias"), kvd), (p("attn_v.bias"), kvd)] {
                 f32_tensor(w, &name, gaussian(tensor_seed(seed, &name), n).into_iter().map(|x| 0.1 * x).collect())?;
             }
@@ -469,10 +501,17 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
         }
         // The residual branches are scaled down so the stream stays dominated by no one layer.
         matrix(w, &p("attn_output.weight"), qd, d, 0.5)?;
+        if gpt_oss {
+            bias(w, &p("attn_output.bias"), &[d as u64])?;
+            // Per-head sink logits around 0: comparable to the attention scores.
+            let name = p("attn_sinks.weight");
+            f32_tensor(w, &name, gaussian(tensor_seed(seed, &name), spec.heads))?;
+        }
         if spec.is_gemma3() {
             norm(w, &p("post_attention_norm.weight"), d)?;
         }
-        norm(w, &p("ffn_norm.weight"), d)?;
+        // gpt-oss calls its pre-FFN norm post_attention_norm.
+        norm(w, &p(if gpt_oss { "post_attention_norm.weight" } else { "ffn_norm.weight" }), d)?;
         match &spec.moe {
             None => {
                 matrix(w, &p("ffn_gate.weight"), d, ff, 1.0)?;
@@ -494,6 +533,12 @@ fn add_tensors(w: &mut GgufWriter, spec: &SynthSpec) -> anyhow::Result<()> {
                 experts_tensor(w, &p("ffn_gate_exps.weight"), d, eff, e, 1.0)?;
                 experts_tensor(w, &p("ffn_up_exps.weight"), d, eff, e, 1.0)?;
                 experts_tensor(w, &p("ffn_down_exps.weight"), eff, d, e, 0.5)?;
+                if gpt_oss {
+                    bias(w, &p("ffn_gate_inp.bias"), &[e as u64])?;
+                    bias(w, &p("ffn_gate_exps.bias"), &[eff as u64, e as u64])?;
+                    bias(w, &p("ffn_up_exps.bias"), &[eff as u64, e as u64])?;
+                    bias(w, &p("ffn_down_exps.bias"), &[d as u64, e as u64])?;
+                }
                 if m.shared_ffn > 0 {
                     let name = p("ffn_gate_inp_shexp.weight");
                     f32_tensor(w, &name, random_row(seed, &name, 0, d, 1.0 / (d as f32).sqrt()))?;
@@ -667,6 +712,11 @@ mod tests {
             for quant in QUANTS {
                 for size in SIZES {
                     let s = SynthSpec::preset(arch, parse_quant(quant).unwrap(), size).unwrap();
+                    if quant == "mxfp4" {
+                        // MXFP4 is for gpt-oss's experts only.
+                        assert!(s.validate().is_err(), "{arch} mxfp4 should be refused");
+                        continue;
+                    }
                     s.validate().unwrap_or_else(|e| panic!("{arch} {quant} {size}: {e}"));
                 }
             }

@@ -101,6 +101,7 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
         GgmlType::Q4_K => "matmul_q4_k",
         GgmlType::Q5_K => "matmul_q5_k",
         GgmlType::Q6_K => "matmul_q6_k",
+        GgmlType::MXFP4 => "matmul_mxfp4",
         _ => "matmul_other",
     }
 }
@@ -424,50 +425,31 @@ impl Backend for CpuBackend {
     /// Batches of 64+ rows use this path too (llama.cpp switches to an f32 tiled kernel there),
     /// so a row's result does not depend on how the sequence was batched.
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
-        self.attention_paged(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, out)
+        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out)
     }
 
     /// The paged form of `attention`: cache position p is pool row `blocks.slot(p)`. A
     /// contiguous cache is the one-block case, so both forms run the same arithmetic.
     fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
-        let q = buf(q);
-        let kc = kv(k_pool);
-        let vc = kv(v_pool);
-        let o = buf_mut(out);
-        let hd = s.head_dim;
-        let kv_dim = s.n_head_kv * hd;
-        let group = s.n_head / s.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let q_dim = s.n_head * hd;
-        // One work item per token and GQA group: the group's query heads are adjacent in q
-        // and in the output, and read the same K/V rows.
-        let q_group = group * hd;
-        self.timed("attention", s.n_tokens, || {
-            self.pool.install(|| {
-                let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
-                let (q, o) = (&q[rows.clone()], &mut o[rows]);
-                o.par_chunks_mut(q_group).enumerate().for_each_init(
-                    || (vec![0u16; hd], vec![0f32; hd], f16::GroupScratch::default()),
-                    |(q16, acc, scratch), (idx, out_g)| {
-                        let t = idx / s.n_head_kv;
-                        let g = idx % s.n_head_kv;
-                        let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
-                        let end = s.start_pos + t + 1;
-                        // A sliding-window layer sees only the last `window` positions.
-                        let first = s.window.map_or(0, |w| end.saturating_sub(w));
-                        let rows = f16::KvRows { blocks, first, count: end - first, stride: kv_dim };
-                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                        if !f16::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
-                            for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
-                                f16::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
-                            }
-                        }
-                    },
-                );
-            })
-        })
+        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out)
     }
 
+    /// The step-by-step row kernel with the sink folded in after the last key, as ggml's CPU
+    /// flash attention does for its single KV chunk.
+    fn attention_with_sinks(
+        &self,
+        q: &Buffer,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        sinks: &[f32],
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(sinks.len() == s.n_head, "{} attention sinks for {} heads", sinks.len(), s.n_head);
+        self.attention_cpu(q, k_cache, v_cache, blocks, s, Some(sinks), out);
+        Ok(())
+    }
     /// silu(gate) * up with ggml's AVX-512 vector expf (ggml_v_expf / ggml_v_silu), which
     /// differs from libm's expf by up to ~1.5 ulp; the same numbers with or without AVX-512.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
@@ -669,6 +651,24 @@ mod f16 {
         acc: &mut [f32],
         out: &mut [f32],
     ) {
+        attend_row_sink(q, k, v, rows, scale, None, q16, acc, out)
+    }
+
+    /// `attend_row_steps` with an optional attention sink: after the last key, ggml's
+    /// correction (if sink > max: rescale the accumulator by exp(max - sink), sum * that + 1;
+    /// else sum + exp(sink - max)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_row_sink(
+        q: &[f32],
+        k: &[u16],
+        v: &[u16],
+        rows: KvRows<'_>,
+        scale: f32,
+        sink: Option<f32>,
+        q16: &mut [u16],
+        acc: &mut [f32],
+        out: &mut [f32],
+    ) {
         let hd = q.len();
         f32_to_f16_row(q, q16);
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
@@ -687,6 +687,16 @@ mod f16 {
             }
             mad_rounded(acc, &v[at..at + hd], vs);
             sum = sum.mul_add(ms, vs);
+        }
+        if let Some(s) = sink {
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                ms = (m - s).exp();
+                scale_rounded(acc, ms);
+            } else {
+                vs = (s - m).exp();
+            }
+            sum = sum * ms + vs;
         }
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         for (d, a) in out.iter_mut().zip(acc.iter()) {
@@ -1139,6 +1149,63 @@ mod silu {
             unsafe { super::swiglu_avx512(&mut a, &u) };
             assert_matches_portable(&x, &u, &a);
         }
+    }
+}
+
+impl CpuBackend {
+    /// `Backend::attention_paged` (see there), with gpt-oss's per-head sinks when given.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_cpu(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        sinks: Option<&[f32]>,
+        out: &mut Buffer,
+    ) {
+        let q = buf(q);
+        let kc = kv(k_pool);
+        let vc = kv(v_pool);
+        let o = buf_mut(out);
+        let hd = s.head_dim;
+        let kv_dim = s.n_head_kv * hd;
+        let group = s.n_head / s.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q_dim = s.n_head * hd;
+        // One work item per token and GQA group: the group's query heads are adjacent in q
+        // and in the output, and read the same K/V rows.
+        let q_group = group * hd;
+        self.timed("attention", s.n_tokens, || {
+            self.pool.install(|| {
+                let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
+                let (q, o) = (&q[rows.clone()], &mut o[rows]);
+                o.par_chunks_mut(q_group).enumerate().for_each_init(
+                    || (vec![0u16; hd], vec![0f32; hd], f16::GroupScratch::default()),
+                    |(q16, acc, scratch), (idx, out_g)| {
+                        let t = idx / s.n_head_kv;
+                        let g = idx % s.n_head_kv;
+                        let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
+                        let end = s.start_pos + t + 1;
+                        // A sliding-window layer sees only the last `window` positions.
+                        let first = s.window.map_or(0, |w| end.saturating_sub(w));
+                        let rows = f16::KvRows { blocks, first, count: end - first, stride: kv_dim };
+                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                        if let Some(sinks) = sinks {
+                            let heads = &sinks[g * group..(g + 1) * group];
+                            for ((qh, out_h), &sink) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).zip(heads) {
+                                f16::attend_row_sink(qh, k, v, rows, scale, Some(sink), q16, acc, out_h);
+                            }
+                        } else if !f16::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
+                            for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
+                                f16::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
+                            }
+                        }
+                    },
+                );
+            })
+        })
     }
 }
 

@@ -190,6 +190,24 @@ pub trait Backend: Send + Sync {
         let _ = (q, k_pool, v_pool, blocks, shape, out);
         unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
     }
+    /// `attention` (or `attention_paged` with a block table; `KvBlocks::CONTIGUOUS` for one
+    /// contiguous cache) with gpt-oss's attention sinks: query head h's softmax denominator
+    /// gains exp(sinks[h] - max), as if one more key scored sinks[h] with a zero value
+    /// (llama.cpp's `attn_sinks`). The default refuses (the GPU backends have no such kernel yet).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_with_sinks(
+        &self,
+        q: &Buffer,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        blocks: KvBlocks<'_>,
+        shape: AttentionShape,
+        sinks: &[f32],
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        let _ = (q, k_cache, v_cache, blocks, shape, sinks, out);
+        anyhow::bail!("{} backend: attention sinks (gpt-oss) are not supported", self.name())
+    }
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it

@@ -21,6 +21,8 @@ pub enum GgmlType {
     Q6_K,
     Q8_K,
     BF16,
+    /// OCP microscaling FP4: 32 E2M1 values sharing one E8M0 scale (gpt-oss experts).
+    MXFP4,
 }
 
 impl GgmlType {
@@ -42,6 +44,7 @@ impl GgmlType {
             14 => Q6_K,
             15 => Q8_K,
             30 => BF16,
+            39 => MXFP4,
             _ => return None,
         })
     }
@@ -64,6 +67,7 @@ impl GgmlType {
             Q6_K => 14,
             Q8_K => 15,
             BF16 => 30,
+            MXFP4 => 39,
         }
     }
 
@@ -72,7 +76,7 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
         }
     }
@@ -95,6 +99,7 @@ impl GgmlType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            MXFP4 => 17,
         }
     }
 
@@ -125,6 +130,7 @@ impl GgmlType {
             Q6_K => "q6_K",
             Q8_K => "q8_K",
             BF16 => "bf16",
+            MXFP4 => "mxfp4",
         }
     }
 
@@ -147,6 +153,7 @@ impl GgmlType {
             GgmlType::Q6_K,
             GgmlType::Q8_K,
             GgmlType::BF16,
+            GgmlType::MXFP4,
         ]
         .into_iter()
         .find(|t| t.name().to_ascii_lowercase() == l)

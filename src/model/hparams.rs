@@ -15,6 +15,10 @@ pub enum Arch {
     Qwen3Moe,
     /// Gemma 3 (text): the `crate::model` docs list what differs from llama.
     Gemma3,
+    /// gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): biased attention with per-head sinks,
+    /// sliding-window attention on even layers, MoE with softmax over the selected logits
+    /// and swiglu_oai experts.
+    GptOss,
 }
 
 impl Arch {
@@ -26,6 +30,7 @@ impl Arch {
             "qwen2moe" => Some(Arch::Qwen2Moe),
             "qwen3moe" => Some(Arch::Qwen3Moe),
             "gemma3" => Some(Arch::Gemma3),
+            "gpt-oss" => Some(Arch::GptOss),
             _ => None,
         }
     }
@@ -38,6 +43,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Gemma3 => "gemma3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -46,7 +52,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama => RopeStyle::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Gemma3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss => RopeStyle::Neox,
         }
     }
 
@@ -57,11 +63,11 @@ impl Arch {
 
     /// Whether the FFN of every layer is a mixture of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::GptOss)
     }
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, gpt-oss";
 
 /// Mixture-of-experts hyperparameters (`{arch}.expert_*` metadata).
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +83,29 @@ pub struct MoeParams {
     pub norm_topk: bool,
     /// Multiplier of the expert weights (`expert_weights_scale`; 0 or 1 mean none).
     pub weights_scale: f32,
+    /// How router logits become expert weights.
+    pub gating: Gating,
+    /// The experts' activation.
+    pub act: ExpertAct,
+}
+
+/// llama.cpp's expert gating functions that civetta runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, top-k of the probabilities (qwen2moe, qwen3moe).
+    Softmax,
+    /// Top-k of the raw logits, then softmax over the k selected (gpt-oss;
+    /// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+    SoftmaxWeight,
+}
+
+/// The experts' gated activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertAct {
+    /// silu(gate) * up.
+    SwiGlu,
+    /// gpt-oss's clamped SwiGLU (`moe::swiglu_oai`).
+    SwiGluOai,
 }
 
 #[derive(Debug, Clone)]
@@ -147,7 +176,11 @@ impl HParams {
             // llama.cpp's graphs fix this per architecture (they ignore `expert_weights_norm`).
             let norm_topk = arch == Arch::Qwen3Moe;
             let weights_scale = f.get_f32(&key("expert_weights_scale")).unwrap_or(0.0);
-            Some(MoeParams { n_expert, n_expert_used, n_ff_exp, n_ff_shexp, norm_topk, weights_scale })
+            let (gating, act) = match arch {
+                Arch::GptOss => (Gating::SoftmaxWeight, ExpertAct::SwiGluOai),
+                _ => (Gating::Softmax, ExpertAct::SwiGlu),
+            };
+            Some(MoeParams { n_expert, n_expert_used, n_ff_exp, n_ff_shexp, norm_topk, weights_scale, gating, act })
         } else {
             None
         };
@@ -189,6 +222,26 @@ impl HParams {
             // and by 1/sqrt(head_dim) otherwise; the attention kernels use the latter.
             if hp.n_layer == 62 {
                 bail!("{path}: gemma3 27B's query scale (1/sqrt(n_embd/n_head)) is not supported");
+            }
+        }
+        if arch == Arch::GptOss {
+            // llama.cpp's openai-moe loader: a window on layers i % 2 == 0 (pattern 2), the
+            // SWA layers' RoPE base defaulting to the global one.
+            if f.get(&key("attention.sliding_window_pattern")).is_some() {
+                bail!(
+                    "{path}: {} is not supported for gpt-oss (llama.cpp's default, period 2, is)",
+                    key("attention.sliding_window_pattern")
+                );
+            }
+            let window = req_u("attention.sliding_window")?;
+            let rope_base = f.get_f32(&key("rope.freq_base_swa")).unwrap_or(hp.rope_base);
+            hp.sliding_window = Some(SlidingWindow { window, period: 2, rope_base });
+            // Real gpt-oss files carry YaRN scaling (factor 32 over 4096 positions); civetta's
+            // RoPE has no YaRN yet, so refuse rather than compute something else.
+            let scaling = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str().map(str::to_owned));
+            let factor = f.get_f32(&key("rope.scaling.factor")).unwrap_or(0.0);
+            if scaling.as_deref().is_some_and(|t| t != "none" && t != "linear") || (factor != 0.0 && factor != 1.0) {
+                bail!("{path}: RoPE scaling ({}, factor {factor}) is not supported yet", scaling.as_deref().unwrap_or("linear"));
             }
         }
         if hp.n_head == 0 || hp.n_head_kv == 0 || !hp.n_head.is_multiple_of(hp.n_head_kv) {

@@ -15,7 +15,7 @@
 mod hparams;
 pub mod moe;
 
-pub use hparams::{Arch, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
+pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, Weight};
 use crate::gguf::GgufFile;
@@ -32,6 +32,10 @@ pub struct Attention {
     pub bv: Option<Weight>,
     pub q_norm: Option<Weight>,
     pub k_norm: Option<Weight>,
+    /// `attn_output.bias` (gpt-oss).
+    pub bo: Option<Weight>,
+    /// `attn_sinks` (gpt-oss): one logit per query head, on the host.
+    pub sinks: Option<Vec<f32>>,
 }
 
 pub enum Ffn {
@@ -173,7 +177,15 @@ impl Model {
                 bv: opt(&p("attn_v.bias"))?,
                 q_norm: opt(&p("attn_q_norm.weight"))?,
                 k_norm: opt(&p("attn_k_norm.weight"))?,
+                bo: opt(&p("attn_output.bias"))?,
+                sinks: match file.tensor(&p("attn_sinks.weight")) {
+                    Some(_) => Some(moe::host_f32(&file, &p("attn_sinks.weight"), hp.n_head)?),
+                    None => None,
+                },
             };
+            if hp.arch == Arch::GptOss && attn.sinks.is_none() {
+                bail!("{}: layer {i} lacks attn_sinks required by gpt-oss", file.path.display());
+            }
             expect_shape(&attn.wq, hp.n_embd, hp.q_dim())?;
             expect_shape(&attn.wk, hp.n_embd, hp.kv_dim())?;
             expect_shape(&attn.wv, hp.n_embd, hp.kv_dim())?;
@@ -200,7 +212,8 @@ impl Model {
             layers.push(Layer {
                 attn_norm: w(&p("attn_norm.weight"))?,
                 attn,
-                ffn_norm: w(&p("ffn_norm.weight"))?,
+                // gpt-oss names its pre-FFN norm post_attention_norm.
+                ffn_norm: w(&p(if hp.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" }))?,
                 ffn,
                 post_attn_norm,
                 post_ffn_norm,
@@ -365,20 +378,30 @@ impl Model {
                     head_dim: hp.head_dim,
                     window: hp.layer_window(li),
                 };
+                let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
                     KvStorage::Own { k: kc, v: vc } => {
                         be.kv_store(&k, &v, &mut kc[li], &mut vc[li], row, start, len, kvd);
-                        be.attention(&q, &kc[li], &vc[li], shape, &mut att);
+                        match sinks {
+                            Some(sinks) => be.attention_with_sinks(&q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, &mut att)?,
+                            None => be.attention(&q, &kc[li], &vc[li], shape, &mut att),
+                        }
                     }
                     KvStorage::Paged { blocks, block_size } => {
                         let p = pool.as_deref_mut().expect("checked above");
                         let table = KvBlocks::new(blocks, *block_size);
                         be.kv_store_paged(&k, &v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
-                        be.attention_paged(&q, &p.k[li], &p.v[li], table, shape, &mut att);
+                        match sinks {
+                            Some(sinks) => be.attention_with_sinks(&q, &p.k[li], &p.v[li], table, shape, sinks, &mut att)?,
+                            None => be.attention_paged(&q, &p.k[li], &p.v[li], table, shape, &mut att),
+                        }
                     }
                 }
             }
             be.matmul(&a.wo, &att, n, &mut h);
+            if let Some(b) = &a.bo {
+                be.add_bias(&mut h, b, n);
+            }
             if let Some(w) = &layer.post_attn_norm {
                 be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
             }

@@ -6,12 +6,18 @@
 //! expert outputs multiplied by their weights and added in slot order. qwen2moe adds a shared
 //! expert scaled by sigmoid(ffn_gate_inp_shexp · x).
 //!
+//! gpt-oss's variant (llama.cpp's openai-moe graph, `Gating::SoftmaxWeight` and
+//! `ExpertAct::SwiGluOai`): router logits + `ffn_gate_inp.bias` -> top-k of the logits ->
+//! softmax over the k selected -> per expert gate/up + their `ffn_{gate,up}_exps.bias` rows
+//! (ggml_add_id) -> `swiglu_oai` -> down + `ffn_down_exps.bias` row -> weighted sum. Biases
+//! are loaded wherever the file has them.
+//!
 //! Routing runs on the host (the router logits are n_tokens x n_expert floats). The expert
 //! matmuls follow ggml's `mul_mat_id`: each active expert's tokens are gathered into one
 //! contiguous batch and multiplied by that expert's matrices, which are row views into the
 //! 3-D expert-major tensors (no copies; decode touches only the selected experts' bytes).
 
-use super::hparams::MoeParams;
+use super::hparams::{ExpertAct, Gating, MoeParams};
 use super::HParams;
 use crate::backend::{Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
@@ -21,6 +27,14 @@ use std::sync::Arc;
 /// One expert's SwiGLU matrices (views into the layer's expert tensors, or whole 2-D tensors
 /// for the shared expert).
 pub struct ExpertWeights {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+    /// This expert's rows of `ffn_{gate,up,down}_exps.bias` (gpt-oss), when the file has them.
+    pub biases: Option<ExpertBiases>,
+}
+
+pub struct ExpertBiases {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
@@ -36,6 +50,8 @@ pub struct SharedExpert {
 pub struct MoeWeights {
     /// `ffn_gate_inp`: n_expert rows of n_embd (router logits).
     pub router: Weight,
+    /// `ffn_gate_inp.bias` (gpt-oss), added to the router logits.
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<ExpertWeights>,
     pub shared: Option<SharedExpert>,
     pub params: MoeParams,
@@ -62,19 +78,44 @@ pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams) 
     shape(&gate, d, ff * ne)?;
     shape(&up, d, ff * ne)?;
     shape(&down, ff, d * ne)?;
+    let has = |name: &str| file.tensor(name).is_some();
+    // [n_out, n_expert] bias tensors load as n_expert rows of n_out; all three or none.
+    let bias_names = [p("ffn_gate_exps.bias"), p("ffn_up_exps.bias"), p("ffn_down_exps.bias")];
+    let exp_biases = match bias_names.iter().filter(|n| has(n)).count() {
+        0 => None,
+        3 => {
+            let [g, u, dn] = [w(&bias_names[0])?, w(&bias_names[1])?, w(&bias_names[2])?];
+            shape(&g, ff, ne)?;
+            shape(&u, ff, ne)?;
+            shape(&dn, d, ne)?;
+            Some((g, u, dn))
+        }
+        _ => bail!("layer {layer}: some of ffn_{{gate,up,down}}_exps.bias are missing (all three or none)"),
+    };
     let mut experts = Vec::with_capacity(ne);
     for e in 0..ne {
+        let biases = match &exp_biases {
+            Some((g, u, dn)) => Some(ExpertBiases {
+                gate: be.weight_rows(g, e, 1, &format!("{}[{e}]", g.name))?,
+                up: be.weight_rows(u, e, 1, &format!("{}[{e}]", u.name))?,
+                down: be.weight_rows(dn, e, 1, &format!("{}[{e}]", dn.name))?,
+            }),
+            None => None,
+        };
         experts.push(ExpertWeights {
             gate: be.weight_rows(&gate, e * ff, ff, &format!("{}[{e}]", gate.name))?,
             up: be.weight_rows(&up, e * ff, ff, &format!("{}[{e}]", up.name))?,
             down: be.weight_rows(&down, e * d, d, &format!("{}[{e}]", down.name))?,
+            biases,
         });
     }
+    let router_bias = if has(&p("ffn_gate_inp.bias")) { Some(host_f32(file, &p("ffn_gate_inp.bias"), ne)?) } else { None };
     let shared = if m.n_ff_shexp > 0 {
         let s = ExpertWeights {
             gate: w(&p("ffn_gate_shexp.weight"))?,
             up: w(&p("ffn_up_shexp.weight"))?,
             down: w(&p("ffn_down_shexp.weight"))?,
+            biases: None,
         };
         shape(&s.gate, d, m.n_ff_shexp)?;
         shape(&s.up, d, m.n_ff_shexp)?;
@@ -85,7 +126,32 @@ pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams) 
     } else {
         None
     };
-    Ok(MoeWeights { router, experts, shared, params: m })
+    Ok(MoeWeights { router, router_bias, experts, shared, params: m })
+}
+
+/// An F32 tensor of `n` elements read into host memory (small per-layer vectors).
+pub(crate) fn host_f32(file: &GgufFile, name: &str, n: usize) -> anyhow::Result<Vec<f32>> {
+    let t = file.tensor(name).with_context(|| format!("tensor {name} is missing"))?;
+    if t.ggml_type != crate::gguf::GgmlType::F32 {
+        bail!("tensor {name}: type {}, expected f32", t.ggml_type);
+    }
+    let bytes = file.tensor_data(t);
+    if bytes.len() != 4 * n {
+        bail!("tensor {name}: {} bytes, expected {n} f32", bytes.len());
+    }
+    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+/// gpt-oss's activation as ggml's CPU `swiglu_oai` computes it (alpha 1.702, limit 7):
+/// x = min(gate, 7), y = clamp(up, -7, 7), gate <- x / (1 + exp(-1.702 x)) * (y + 1).
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+    }
 }
 
 /// The experts chosen for each token: `experts[t * k + s]` with weight `weights[t * k + s]`,
@@ -110,19 +176,19 @@ pub fn route(logits: &[f32], p: &MoeParams) -> Routing {
     let mut probs = vec![0f32; ne];
     let mut order: Vec<u32> = Vec::with_capacity(ne);
     for row in logits.chunks_exact(ne) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for (pr, &x) in probs.iter_mut().zip(row) {
-            *pr = (x - max).exp();
-            sum += *pr as f64;
+        match p.gating {
+            Gating::Softmax => softmax_ggml(row, &mut probs),
+            Gating::SoftmaxWeight => probs.copy_from_slice(row),
         }
-        let inv = (1.0 / sum) as f32;
-        probs.iter_mut().for_each(|pr| *pr *= inv);
         order.clear();
         order.extend(0..ne as u32);
         order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
         let chosen = &order[..k];
         let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e as usize]).collect();
+        if p.gating == Gating::SoftmaxWeight {
+            let selected = w.clone();
+            softmax_ggml(&selected, &mut w);
+        }
         if p.norm_topk {
             let total = (w.iter().map(|&x| x as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
             w.iter_mut().for_each(|x| *x /= total);
@@ -136,6 +202,19 @@ pub fn route(logits: &[f32], p: &MoeParams) -> Routing {
     Routing { k, experts, weights }
 }
 
+/// ggml's f32 soft_max of one row: exp(x - max) in f32, the sum in f64, scaled by the f32
+/// reciprocal of the sum.
+fn softmax_ggml(x: &[f32], out: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v - max).exp();
+        sum += *o as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
 /// Replaces `h` (n rows of n_embd, the normed FFN input) with the MoE block's output.
 pub fn ffn(be: &dyn Backend, m: &MoeWeights, h: &mut Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
@@ -143,6 +222,11 @@ pub fn ffn(be: &dyn Backend, m: &MoeWeights, h: &mut Buffer, n: usize, d: usize)
     be.matmul(&m.router, h, n, &mut logits);
     let mut host = vec![0f32; n * ne];
     be.read(&logits, 0, &mut host);
+    if let Some(b) = &m.router_bias {
+        for row in host.chunks_exact_mut(ne) {
+            row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+        }
+    }
     let routing = route(&host, &m.params);
     expert_outputs_and_sum(be, m, h, n, d, ff, &routing)
 }
@@ -180,8 +264,25 @@ fn expert_outputs_and_sum(
         let mut gate = be.alloc(rows * ff)?;
         let mut up = be.alloc(rows * ff)?;
         be.matmul_many(&[&ew.gate, &ew.up], &xe, rows, &mut [&mut gate, &mut up]);
-        be.silu_mul(&mut gate, &up, rows * ff);
+        if let Some(b) = &ew.biases {
+            be.add_bias(&mut gate, &b.gate, rows);
+            be.add_bias(&mut up, &b.up, rows);
+        }
+        match m.params.act {
+            ExpertAct::SwiGlu => be.silu_mul(&mut gate, &up, rows * ff),
+            ExpertAct::SwiGluOai => {
+                // On the host: rows * ff floats, small next to the expert matmuls.
+                let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
+                be.read(&gate, 0, &mut g);
+                be.read(&up, 0, &mut u);
+                swiglu_oai(&mut g, &u);
+                be.write(&mut gate, 0, &g);
+            }
+        }
         be.matmul(&ew.down, &gate, rows, &mut xe);
+        if let Some(b) = &ew.biases {
+            be.add_bias(&mut xe, &b.down, rows);
+        }
         be.scatter_rows(&xe, &slot_rows, d, &mut slots);
     }
     let mut out = be.alloc(n * d)?;
@@ -218,7 +319,47 @@ mod tests {
     use super::*;
 
     fn params(n_expert: usize, k: usize, norm: bool) -> MoeParams {
-        MoeParams { n_expert, n_expert_used: k, n_ff_exp: 1, n_ff_shexp: 0, norm_topk: norm, weights_scale: 0.0 }
+        MoeParams {
+            n_expert,
+            n_expert_used: k,
+            n_ff_exp: 1,
+            n_ff_shexp: 0,
+            norm_topk: norm,
+            weights_scale: 0.0,
+            gating: Gating::Softmax,
+            act: ExpertAct::SwiGlu,
+        }
+    }
+
+    #[test]
+    fn softmax_weight_gating_picks_top_logits_then_softmaxes_the_selected() {
+        let logits = [0.5, 3.0, -1.0, 2.0, /* token 1 */ -4.0, -3.0, 10.0, -2.5];
+        let p = MoeParams { gating: Gating::SoftmaxWeight, ..params(4, 2, false) };
+        let r = route(&logits, &p);
+        assert_eq!(r.experts, vec![1, 3, 2, 3]);
+        let e = (-1.0f32).exp();
+        assert!((r.weights[0] - 1.0 / (1.0 + e)).abs() < 1e-6 && (r.weights[1] - e / (1.0 + e)).abs() < 1e-6);
+        let e = (-12.5f32).exp();
+        assert!((r.weights[2] - 1.0 / (1.0 + e)).abs() < 1e-6 && (r.weights[3] - e / (1.0 + e)).abs() < 1e-9);
+        // Unlike softmax gating, the weights do not depend on the experts left out.
+        let mut other = logits;
+        other[0] = 1.5;
+        assert_eq!(route(&other, &p).weights[..2], r.weights[..2]);
+        assert_ne!(route(&other, &params(4, 2, false)).weights[..2], route(&logits, &params(4, 2, false)).weights[..2]);
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_gate_above_and_up_both_ways_and_adds_one_to_up() {
+        let mut g = [1.0f32, 9.0, -9.0, 0.0, 2.0];
+        let u = [0.5f32, 1.0, 1.0, 3.0, -8.0];
+        swiglu_oai(&mut g, &u);
+        let f = |x: f32, y: f32| x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+        let want = [f(1.0, 0.5), f(7.0, 1.0), f(-9.0, 1.0), 0.0, f(2.0, -7.0)];
+        for (a, b) in g.iter().zip(want) {
+            assert_eq!(a.to_bits(), b.to_bits(), "{g:?} vs {want:?}");
+        }
+        // The gate is clamped only from above (a large negative gate still passes through).
+        assert!(g[2] < 0.0 && g[2] > -1e-3);
     }
 
     #[test]

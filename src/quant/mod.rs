@@ -9,11 +9,12 @@
 //! (`simd_level`), with the scalar reference code (also used by the tests) as fallback.
 //! AMX is never used.
 //!
-//! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+//! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4.
 
 mod float;
 mod k_quants;
 mod legacy;
+mod mxfp4;
 mod simd;
 
 pub use crate::gguf::GgmlType;
@@ -47,7 +48,7 @@ impl ActFormat {
 /// Whether dequantize/quantize/vec_dot support this weight type.
 pub fn supports(t: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(t, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
+    matches!(t, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K | MXFP4)
 }
 
 /// The activation format a weight type's dot product consumes (ggml's vec_dot_type, except
@@ -56,7 +57,7 @@ pub fn supports(t: GgmlType) -> bool {
 pub fn act_format(weight: GgmlType) -> ActFormat {
     use GgmlType::*;
     match weight {
-        Q8_0 | Q4_0 | Q5_0 => ActFormat::Q8_0,
+        Q8_0 | Q4_0 | Q5_0 | MXFP4 => ActFormat::Q8_0,
         Q4_1 | Q5_1 | Q8_1 => ActFormat::Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => ActFormat::Q8_K,
         F32 | F16 | BF16 => ActFormat::F32,
@@ -252,13 +253,14 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> anyhow::Resul
         GgmlType::Q4_K => k_quants::dequantize_q4_k(src, dst),
         GgmlType::Q5_K => k_quants::dequantize_q5_k(src, dst),
         GgmlType::Q6_K => k_quants::dequantize_q6_k(src, dst),
+        GgmlType::MXFP4 => mxfp4::dequantize_mxfp4(src, dst),
         _ => unreachable!("rejected by check_row"),
     }
     Ok(())
 }
 
 /// Quantises a row of f32 into weight type t (deterministic; used to write test models).
-/// Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K use ggml's reference quantisers; F16/BF16 round to
+/// Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/MXFP4 use ggml's reference quantisers; F16/BF16 round to
 /// nearest even.
 pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<()> {
     check_row(t, src.len(), dst.len())?;
@@ -274,6 +276,7 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
         GgmlType::Q4_K => k_quants::quantize_q4_k(src, dst),
         GgmlType::Q5_K => k_quants::quantize_q5_k(src, dst),
         GgmlType::Q6_K => k_quants::quantize_q6_k(src, dst),
+        GgmlType::MXFP4 => mxfp4::quantize_mxfp4(src, dst),
         _ => unreachable!("rejected by check_row"),
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Run-time choice of the dot-product kernels: AVX-512 (F, BW, VL, VNNI), AVX2 + FMA + F16C,
 //! or the scalar reference code. The level is detected once and cached.
 
-use super::{float, k_quants, legacy, GgmlType};
+use super::{float, k_quants, legacy, mxfp4, GgmlType};
 use once_cell::sync::Lazy;
 
 #[cfg(target_arch = "x86_64")]
@@ -76,6 +76,7 @@ pub(crate) fn dot_scalar(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         GgmlType::Q4_K => k_quants::dot_q4_k(w, a, n),
         GgmlType::Q5_K => k_quants::dot_q5_k(w, a, n),
         GgmlType::Q6_K => k_quants::dot_q6_k(w, a, n),
+        GgmlType::MXFP4 => mxfp4::dot_mxfp4(w, a, n),
         other => panic!("vec_dot: unsupported tensor type {other} (check quant::supports first)"),
     }
 }
@@ -90,6 +91,9 @@ pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize
         // read only within the row lengths the caller checked.
         unsafe {
             match level {
+                // MXFP4's kernels live with its format (quant/mxfp4.rs).
+                SimdLevel::Avx512Vnni if t == GgmlType::MXFP4 => return mxfp4::x86::dot_avx512(w, a, n),
+                SimdLevel::Avx2 if t == GgmlType::MXFP4 => return mxfp4::x86::dot_avx2(w, a, n),
                 SimdLevel::Avx512Vnni => return avx512::dot(t, w, a, n),
                 SimdLevel::Avx2 => return avx2::dot(t, w, a, n),
                 SimdLevel::Scalar => {}
