@@ -10,7 +10,7 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 // and the GELU to f16 on the way out; outside (-10, 10) it is 0 or x.
 CV_DEVICE float gelu_f16_table(float x) {
   const float h = (float)(cv_half)x;
-  const float y = kSqrt2OverPi * h * (1.0f + kGeluCoefA * h * h);
+  const float y = kSqrt2OverPi * h * __builtin_fmaf(kGeluCoefA * h, h, 1.0f); // fused as in ggml (geglu.rs)
   const float tanh_y = 1.0f - 2.0f * cv_rcp(1.0f + cv_exp(2.0f * y)); // saturates to +-1 for large |y|
   return (float)(cv_half)(0.5f * h * (1.0f + tanh_y));
 }
