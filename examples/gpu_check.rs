@@ -6,7 +6,10 @@
 //! tie: the CPU's top-2 margin at that step under 1% of its largest |logit|, the same rule
 //! as the numpy reference tests (docs/REFERENCE.md). Exit code 1 on any failure.
 //!
-//! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3]
+//! gemma3 models get Gemma 3 270M's attention shape (4 query heads, 1 KV head, head size
+//! 256) and synth's sliding window of 8, so the prompt crosses the window on local layers.
+//!
+//! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3]
 //!                  [--quants f32,f16,...] [--size small]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
@@ -96,8 +99,8 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let backend = arg(&args, "--backend", "cuda");
     let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), ..Default::default() };
-    let archs = arg(&args, "--archs", "llama,qwen2,qwen3");
-    let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q4_k,q5_k,q6_k");
+    let archs = arg(&args, "--archs", "llama,qwen2,qwen3,gemma3");
+    let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k");
     let size = arg(&args, "--size", "small");
     let dir = tempfile::tempdir()?;
     let cpu = civetta::backend::create("cpu", 0)?;
@@ -109,7 +112,10 @@ fn main() -> anyhow::Result<()> {
     for arch in archs.split(',') {
         for q in quants.split(',') {
             let t = GgmlType::parse(q).ok_or_else(|| anyhow::anyhow!("unknown type {q}"))?;
-            let spec = SynthSpec::preset(arch, t, &size)?;
+            let mut spec = SynthSpec::preset(arch, t, &size)?;
+            if arch == "gemma3" {
+                (spec.heads, spec.kv_heads, spec.head_dim) = (4, 1, 256);
+            }
             let path = dir.path().join(format!("{arch}-{q}.gguf"));
             synth_model(&spec, &path)?;
             let file = Arc::new(GgufFile::open(&path)?);

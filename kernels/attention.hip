@@ -3,13 +3,16 @@
 // q: f32 [T][Hq][D], k_cache, v_cache: f16 [S][Hkv][D], out: f32 [T][Hq][D];
 // query head h reads KV head h / (Hq / Hkv). `scale` is usually 1/sqrt(D).
 //
-// civetta_attn_prefill_d{64,128}: causal, tiled (flash-attention style online softmax).
-//   Query t sits at position q_pos0 + t and sees keys 0 ..= q_pos0 + t (keys < S).
-//   32 queries per workgroup, 4 threads per query (D/4 dims each), 32-key tiles in LDS.
-//   Grid: (ceil(T/32), Hq); block: 128 threads.
-// civetta_attn_decode_d{64,128}: one query per head against all S keys (T = 1).
+// civetta_attn_prefill_d{64,128,256}: causal, tiled (flash-attention style online softmax).
+//   Query t sits at position q_pos0 + t and sees keys 0 ..= q_pos0 + t (keys < S); with
+//   window > 0 (sliding-window layers, Gemma 3) only keys q_pos0 + t - window + 1 ..= q_pos0 + t.
+//   32 queries per workgroup, D/32 threads per query up to D = 128 (4), 8 at D = 256 (so
+//   each thread keeps 32 dims of q and of the output in registers), 32-key tiles in LDS.
+//   Grid: (ceil(T/32), Hq); block: 128 threads (D <= 128) or 256 (D = 256).
+// civetta_attn_decode_d{64,128,256}: one query per head against all S keys (T = 1).
 //   4 waves split the keys, each lane owns D/32 dims; the waves merge in LDS.
-//   Grid: (Hq); block: 128 threads.
+//   Grid: (Hq); block: 128 threads. A sliding window needs no kernel support here: the
+//   host passes the cache from the window's first key on.
 #include "civetta_gpu.h"
 
 namespace {
@@ -18,17 +21,22 @@ constexpr int kQueriesPerGroup = 32;
 constexpr int kKeysPerTile = 32;
 constexpr int kThreads = 128;
 
+// Threads per query of the prefill kernel, and its workgroup size.
+template <int D> constexpr int prefill_tpq() { return D <= 128 ? 4 : 8; }
+template <int D> constexpr int prefill_threads() { return kQueriesPerGroup * prefill_tpq<D>(); }
+
 template <int D>
 CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
-                            int S, int Hq, int Hkv, int q_pos0, float scale) {
-  constexpr int kDims = D / 4; // dims per thread
+                            int S, int Hq, int Hkv, int q_pos0, float scale, int window) {
+  constexpr int kTpq = prefill_tpq<D>(), kGroupThreads = prefill_threads<D>();
+  constexpr int kDims = D / kTpq; // dims per thread
   __shared__ __attribute__((aligned(16))) cv_half k_tile[kKeysPerTile * D];
   __shared__ __attribute__((aligned(16))) cv_half v_tile[kKeysPerTile * D];
 
   const int tid = (int)cv_tid_x();
   const int head = (int)cv_bid_y(), kv_head = head / (Hq / Hkv);
   const int t0 = (int)cv_bid_x() * kQueriesPerGroup;
-  const int t = t0 + tid / 4, d0 = (tid & 3) * kDims;
+  const int t = t0 + tid / kTpq, d0 = (tid % kTpq) * kDims;
   const bool active = t < T;
   const int q_pos = q_pos0 + (active ? t : T - 1);
 
@@ -41,8 +49,10 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
 
   const int last_t = (t0 + kQueriesPerGroup < T ? t0 + kQueriesPerGroup : T) - 1;
   const int key_end = q_pos0 + last_t + 1 < S ? q_pos0 + last_t + 1 : S; // causal bound of the group
-  for (int k0 = 0; k0 < key_end; k0 += kKeysPerTile) {
-    for (int c = tid; c < kKeysPerTile * D / 8; c += kThreads) { // 16-byte chunks
+  // First key any query of the group sees: 0, or the window start of its first query.
+  const int key_begin = window > 0 && q_pos0 + t0 - window + 1 > 0 ? q_pos0 + t0 - window + 1 : 0;
+  for (int k0 = key_begin; k0 < key_end; k0 += kKeysPerTile) {
+    for (int c = tid; c < kKeysPerTile * D / 8; c += kGroupThreads) { // 16-byte chunks
       const int key = k0 + c / (D / 8), off = (c % (D / 8)) * 8;
       cv_v4i kc = {0, 0, 0, 0}, vc = {0, 0, 0, 0};
       if (key < S) {
@@ -60,9 +70,10 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
     CV_UNROLL for (int j = 0; j < kKeysPerTile; ++j) {
       float part = 0.0f;
       CV_UNROLL for (int i = 0; i < kDims; ++i) part += qv[i] * (float)k_tile[j * D + d0 + i];
-      const float dot = cv_group_sum(part, 4);
+      const float dot = cv_group_sum(part, kTpq);
       const int key = k0 + j;
-      s[j] = (key < S && key <= q_pos) ? dot : -__builtin_inff();
+      const bool visible = key < S && key <= q_pos && (window <= 0 || key > q_pos - window);
+      s[j] = visible ? dot : -__builtin_inff();
       tile_max = __builtin_fmaxf(tile_max, s[j]);
     }
     const float m_new = __builtin_fmaxf(m, tile_max);
@@ -140,10 +151,10 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
 } // namespace
 
 #define CIVETTA_ATTN(D)                                                                                          \
-  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_prefill_d##D(                                           \
+  CV_KERNEL CV_LAUNCH_BOUNDS(prefill_threads<D>()) void civetta_attn_prefill_d##D(                               \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
-      int q_pos0, float scale) {                                                                                 \
-    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale);                                     \
+      int q_pos0, float scale, int window) {                                                                     \
+    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window);                             \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
@@ -153,3 +164,4 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
 
 CIVETTA_ATTN(64)
 CIVETTA_ATTN(128)
+CIVETTA_ATTN(256) // Gemma 3

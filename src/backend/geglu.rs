@@ -14,9 +14,13 @@ const GELU_COEF_A: f32 = 0.044715;
 #[allow(clippy::excessive_precision)] // ggml's literal, rounded to f32 by the compiler as in C
 const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_355_879_892_119_868_76;
 
-/// ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in f32 with libm's tanhf.
+/// ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in f32 with libm's tanhf,
+/// with `1 + (0.044715 x) x` as one fused multiply-add: gcc contracts it so in llama.cpp's x86
+/// build (-mfma, -ffp-contract=fast). Unfused, 1 of the 65,536 table entries differs from
+/// ggml's (x = f16 0xbfff = -1.999: GELU lies on an f16 rounding midpoint), which moved
+/// Gemma 3's logits by ~2e-2 (docs/REFERENCE.md); fused, all finite entries equal ggml's table.
 pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// f16(gelu(x)) for every f16 bit pattern x, as f32 (256 KiB, built on first use).
@@ -55,5 +59,12 @@ mod tests {
             let want = f16_to_f32(f32_to_f16(gelu_tanh(f16_to_f32(f32_to_f16(x))))) * 2.0;
             assert_eq!(*y, want, "x = {x}");
         }
+    }
+
+    #[test]
+    fn table_entry_on_a_rounding_midpoint_is_ggmls() {
+        // ggml's ggml_table_gelu_f16[0xbfff] (x = -1.999) is 0xa9d3, read from llama.cpp's
+        // libggml-cpu built with the project's flags; without the FMA it would be 0xa9d2.
+        assert_eq!(f32_to_f16(TABLE[0xbfff]), 0xa9d3);
     }
 }

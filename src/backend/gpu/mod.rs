@@ -7,7 +7,9 @@
 //! Weight formats on the device (chosen at load, see `prepare_weight`):
 //! - Q8_0: the raw blocks (decode mat-vec) and the same data split into an int8 plane and an
 //!   f16 scale plane (the W8A8 GEMM of prefill).
-//! - Q4_K, Q6_K: the raw blocks (decode mat-vec) and an f16 copy (the f16 GEMM of prefill).
+//! - Q5_0: the raw blocks (decode mat-vec) and, like Q8_0, an int8 plane (q - 16, exact) and
+//!   an f16 scale plane for the W8A8 GEMM (`repack.rs`): no f16 copy.
+//! - Q4_K, Q6_K, Q5_1: the raw blocks (decode mat-vec) and an f16 copy (the f16 GEMM of prefill).
 //! - every other 2-D type: an f16 copy (f16 GEMM for both).
 //! - 1-D tensors (norms, biases): f32.
 //!
@@ -21,6 +23,7 @@ pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod image_choice;
+mod repack;
 
 use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
@@ -58,7 +61,19 @@ const MATVEC_MAX_ROWS: usize = 4;
 /// The kernel images (one per kernels/*.hip) and the functions each exports, with the
 /// block size each is launched with.
 const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
-    ("attention", &[("attn_prefill_d64", 128), ("attn_prefill_d128", 128), ("attn_decode_d64", 128), ("attn_decode_d128", 128)]),
+    (
+        "attention",
+        &[
+            ("attn_prefill_d64", 128),
+            ("attn_prefill_d128", 128),
+            ("attn_prefill_d256", 256),
+            ("attn_decode_d64", 128),
+            ("attn_decode_d128", 128),
+            ("attn_decode_d256", 128),
+        ],
+    ),
+    ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
+    ("matvec_q5", &[("matvec_q5_0", 128), ("matvec_q5_1", 128)]),
     ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
     ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256)]),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
@@ -129,11 +144,13 @@ struct GpuBuffer {
 enum WeightData {
     /// 1-D tensors: f32.
     Vector(DevBuf),
+    /// Q8_0 and Q5_0: raw blocks + int8 and f16 scale planes (W8A8 GEMM).
     Q8_0 {
         blocks: DevBuf,
         qs: DevBuf,
         scales: DevBuf,
     },
+    /// Q4_K, Q6_K, Q5_1: raw blocks + an f16 copy.
     KQuant {
         blocks: DevBuf,
         f16: DevBuf,
@@ -441,9 +458,8 @@ impl<A: GpuApi> GpuBackend<A> {
         };
         let big = rows >= 128 && n >= 128;
         match &gw.data {
-            WeightData::Q8_0 { blocks, .. } if rows <= MATVEC_MAX_ROWS => matvec("matvec_q8_0", blocks),
-            WeightData::KQuant { blocks, .. } if rows <= MATVEC_MAX_ROWS => {
-                matvec(if w.ggml_type == GgmlType::Q4_K { "matvec_q4_k" } else { "matvec_q6_k" }, blocks)
+            WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } if rows <= MATVEC_MAX_ROWS => {
+                matvec(matvec_kernel(w.ggml_type)?, blocks)
             }
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
@@ -516,6 +532,11 @@ impl<A: GpuApi> GpuBackend<A> {
                 }
                 WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
             }
+            GgmlType::Q5_0 => {
+                let (qs, scales) = repack::q5_0_int8_planes(bytes)?;
+                WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
+            }
+            GgmlType::Q5_1 => WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? },
             GgmlType::Q4_K | GgmlType::Q6_K => {
                 if !cols.is_multiple_of(256) {
                     bail!("tensor \"{}\": {cols} columns is not a multiple of 256", info.name);
@@ -525,6 +546,18 @@ impl<A: GpuApi> GpuBackend<A> {
             _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
         })
     }
+}
+
+/// The decode mat-vec kernel for a type kept as raw blocks.
+fn matvec_kernel(t: GgmlType) -> anyhow::Result<&'static str> {
+    Ok(match t {
+        GgmlType::Q8_0 => "matvec_q8_0",
+        GgmlType::Q4_K => "matvec_q4_k",
+        GgmlType::Q6_K => "matvec_q6_k",
+        GgmlType::Q5_0 => "matvec_q5_0",
+        GgmlType::Q5_1 => "matvec_q5_1",
+        other => bail!("no mat-vec kernel for {other}"),
+    })
 }
 
 fn bytemuck_f32(v: &[f32]) -> &[u8] {
@@ -563,11 +596,8 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 hp.arch.name()
             );
         }
-        if hp.sliding_window.is_some() {
-            bail!("{} backend: sliding-window attention (gemma3 local layers) has no GPU kernel yet", self.api.backend_name());
-        }
-        if hp.head_dim != 64 && hp.head_dim != 128 {
-            bail!("{} backend: head_dim {} has no attention kernel (64 and 128 are built)", self.api.backend_name(), hp.head_dim);
+        if !matches!(hp.head_dim, 64 | 128 | 256) {
+            bail!("{} backend: head_dim {} has no attention kernel (64, 128 and 256 are built)", self.api.backend_name(), hp.head_dim);
         }
         if !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{} backend: {} query heads are not a multiple of {} KV heads", self.api.backend_name(), hp.n_head, hp.n_head_kv);
@@ -734,14 +764,27 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let (decode, prefill) = match s.head_dim {
             64 => ("attn_decode_d64", "attn_prefill_d64"),
             128 => ("attn_decode_d128", "attn_prefill_d128"),
+            256 => ("attn_decode_d256", "attn_prefill_d256"),
             d => return self.fail(anyhow::anyhow!("no attention kernel for head_dim {d}")),
         };
         if s.n_tokens == 1 {
+            // A sliding window on decode: the query sees the last `window` keys, so the kernel
+            // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
+            let first_key = s.window.map_or(0, |w| keys.saturating_sub(w));
+            let key_off = (first_key * s.n_head_kv * s.head_dim * 2) as u64;
             self.launch(
                 decode,
                 1,
                 [s.n_head, 1, 1],
-                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).i32(keys).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+                Args::default()
+                    .ptr(q)
+                    .ptr(kc + key_off)
+                    .ptr(vc + key_off)
+                    .ptr(o)
+                    .i32(keys - first_key)
+                    .i32(s.n_head)
+                    .i32(s.n_head_kv)
+                    .f32(scale),
             );
         } else {
             self.launch(
@@ -758,7 +801,8 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                     .i32(s.n_head)
                     .i32(s.n_head_kv)
                     .i32(s.start_pos)
-                    .f32(scale),
+                    .f32(scale)
+                    .i32(s.window.unwrap_or(0)),
             );
         }
     }
@@ -766,6 +810,15 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
         let g = gbuf(gate).mem.ptr;
         self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n));
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        let g = gbuf(gate).mem.ptr;
+        self.elementwise("gelu_tanh_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n));
+    }
+
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+        self.elementwise("scale", n, Args::default().ptr(gbuf(x).mem.ptr).i32(n).f32(s));
     }
 
     fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
