@@ -281,6 +281,14 @@ pub fn should_sample(kernel: &str, shape: &str, backend: &str, variant: &str) ->
     every != u64::MAX && n.is_multiple_of(every)
 }
 
+/// With timing on, one call in how many is timed (GPU graph replays time whole steps at
+/// this rate); None when timing is off or nothing is sampled.
+pub fn sample_every() -> Option<u64> {
+    let r = registry();
+    let every = r.sample_every.load(Ordering::Relaxed);
+    (r.enabled.load(Ordering::Relaxed) && every != u64::MAX).then_some(every)
+}
+
 /// Adds a timed duration for a call already counted by [`should_sample`].
 pub fn observe_sampled(kernel: &str, shape: &str, backend: &str, variant: &str, d: Duration) {
     registry().entry(kernel, shape, backend, variant).observe(d);

@@ -232,6 +232,9 @@ pub struct BackendArgs {
     /// Load the sched_barrier builds of the GEMM kernels.
     #[arg(long)]
     pub sched_barrier: bool,
+    /// GPU: queue every launch on its own instead of replaying captured decode graphs.
+    #[arg(long)]
+    pub gpu_eager: bool,
 }
 
 impl BackendArgs {
@@ -241,6 +244,7 @@ impl BackendArgs {
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
             weights: String::new(),
+            eager: self.gpu_eager,
         }
     }
 }
