@@ -268,6 +268,14 @@ pub fn record(kernel: &str, shape: &str, backend: &str, variant: &str, duration:
     }
 }
 
+/// Counts `n` untimed calls (GPU graph replays count each kernel's launches at once).
+pub fn record_calls(kernel: &str, shape: &str, backend: &str, variant: &str, n: u64) {
+    let r = registry();
+    if r.enabled.load(Ordering::Relaxed) {
+        r.entry(kernel, shape, backend, variant).calls.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Whether the next call of a kernel should be timed (GPU backends decide before launching
 /// whether to record events); counts the call.
 pub fn should_sample(kernel: &str, shape: &str, backend: &str, variant: &str) -> bool {

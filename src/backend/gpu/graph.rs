@@ -55,6 +55,22 @@ pub struct GraphEntry {
     pub timed: Option<(GraphHandle, Vec<(EventHandle, EventHandle)>)>,
     /// Replays so far (timed replays are every `sample_every`-th).
     pub replays: u64,
+    /// Launches per (kernel, shape class), counted into the registry once per replay.
+    pub calls: Vec<(&'static str, &'static str, u64)>,
+}
+
+/// Launches per (kernel, shape class) of a tape, in first-seen order.
+pub fn launch_counts(ops: &[Op]) -> Vec<(&'static str, &'static str, u64)> {
+    let mut counts: Vec<(&'static str, &'static str, u64)> = Vec::new();
+    for op in ops {
+        if let Op::Launch(l) = op {
+            match counts.iter_mut().find(|(k, s, _)| *k == l.kernel && *s == l.shape) {
+                Some(c) => c.2 += 1,
+                None => counts.push((l.kernel, l.shape, 1)),
+            }
+        }
+    }
+    counts
 }
 
 #[derive(Default)]
@@ -134,7 +150,7 @@ mod tests {
         let h = tape_hash(&t);
         assert!(matches!(c.decide(&t, h), Decision::Eager));
         assert!(matches!(c.decide(&t, h), Decision::Capture));
-        c.insert(GraphEntry { hash: h, ops: t.clone(), plain: GraphHandle(9), timed: None, replays: 0 });
+        c.insert(GraphEntry { hash: h, ops: t.clone(), plain: GraphHandle(9), timed: None, replays: 0, calls: vec![] });
         assert!(matches!(c.decide(&t, h), Decision::Replay(0)));
         // Any argument differing (a position, a pointer) is another tape.
         let other = tape(MIN_GRAPH_OPS, 8);
@@ -161,9 +177,9 @@ mod tests {
     fn the_oldest_graph_is_evicted() {
         let mut c = GraphCache::default();
         for i in 0..MAX_GRAPHS as u64 {
-            assert!(c.insert(GraphEntry { hash: i, ops: vec![], plain: GraphHandle(i), timed: None, replays: 0 }).is_none());
+            assert!(c.insert(GraphEntry { hash: i, ops: vec![], plain: GraphHandle(i), timed: None, replays: 0, calls: vec![] }).is_none());
         }
-        let ev = c.insert(GraphEntry { hash: 99, ops: vec![], plain: GraphHandle(99), timed: None, replays: 0 }).unwrap();
+        let ev = c.insert(GraphEntry { hash: 99, ops: vec![], plain: GraphHandle(99), timed: None, replays: 0, calls: vec![] }).unwrap();
         assert_eq!(ev.plain, GraphHandle(0));
         assert_eq!(c.entries.len(), MAX_GRAPHS);
     }

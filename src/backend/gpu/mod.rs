@@ -58,8 +58,8 @@ pub struct GpuOptions {
 }
 
 /// Decode batches up to this many rows use the mat-vec kernels; larger ones the GEMMs.
-/// One row runs `matvec_*`, more run `matvec_*_x4` (each weight row read once for 4 rows).
-const MATVEC_MAX_ROWS: usize = 16;
+/// One row runs `matvec_*`, 2-4 run `matvec_*_x4` (each weight row read once for 4 rows).
+const MATVEC_MAX_ROWS: usize = 4;
 
 /// The kernel images (one per kernels/*.hip) and the functions each exports, with the
 /// block size each is launched with.
@@ -510,7 +510,8 @@ impl<A: GpuApi> GpuBackend<A> {
             Decision::Capture => match self.capture(&ops, None) {
                 Ok(plain) => {
                     graphs.captures += 1;
-                    if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0 }) {
+                    let calls = graph::launch_counts(&ops);
+                    if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
                         self.api.synchronize()?;
                         self.destroy_graph(old);
                     }
@@ -601,17 +602,14 @@ impl<A: GpuApi> GpuBackend<A> {
                 self.api.graph_launch(*g)?;
                 let mut pending = self.pending.lock();
                 for (l, &(start, end)) in launches().zip(events) {
-                    kernel_registry::record(l.kernel, l.shape, backend, self.variant, None);
                     pending.push(PendingTiming { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
                 }
             }
-            _ => {
-                self.api.graph_launch(e.plain)?;
-                if every.is_some() {
-                    for l in launches() {
-                        kernel_registry::record(l.kernel, l.shape, backend, self.variant, None);
-                    }
-                }
+            _ => self.api.graph_launch(e.plain)?,
+        }
+        if every.is_some() {
+            for &(kernel, shape, n) in &e.calls {
+                kernel_registry::record_calls(kernel, shape, backend, self.variant, n);
             }
         }
         Ok(())
@@ -686,22 +684,12 @@ impl<A: GpuApi> GpuBackend<A> {
     fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
         let (n, k) = (w.rows, w.cols);
         let gw = gweight(w);
-        let matvec = |name: &'static str, blocks: &DevBuf| {
-            // One row: the plain kernel; more: the _x4 build (4 activation rows per weight read).
-            let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
-            self.launch(
-                name,
-                rows,
-                [n, rows.div_ceil(per_group), 1],
-                Args::default().ptr(blocks.ptr).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k).i32(rows),
-            );
-        };
+        if let Some((name, blocks)) = matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            self.matvec(name, &[(blocks, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
+            return Ok(());
+        }
         let big = rows >= 128 && n >= 128;
         match &gw.data {
-            WeightData::Q8_0 { blocks, .. } if rows <= MATVEC_MAX_ROWS => matvec("matvec_q8_0", blocks),
-            WeightData::KQuant { blocks, .. } if rows <= MATVEC_MAX_ROWS => {
-                matvec(if w.ggml_type == GgmlType::Q4_K { "matvec_q4_k" } else { "matvec_q6_k" }, blocks)
-            }
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
                 let xs = self.scratch(rows * k / 32, Elem::F32)?;
@@ -733,6 +721,26 @@ impl<A: GpuApi> GpuBackend<A> {
             WeightData::Vector(_) => bail!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name),
         }
         Ok(())
+    }
+
+    /// One mat-vec launch (`kernels/matvec.hip`) over up to three matrices of `k` columns that
+    /// share the input: `parts` are (raw blocks, output, rows of the matrix). `up` != 0 makes
+    /// the input silu(x) * up; `accumulate` adds to the outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn matvec(&self, name: &'static str, parts: &[(DevicePtr, DevicePtr, usize)], x: DevicePtr, up: DevicePtr, k: usize, rows: usize, accumulate: bool) {
+        debug_assert!((1..=3).contains(&parts.len()) && rows <= MATVEC_MAX_ROWS);
+        // One row: the plain build; more: the _x4 build (4 activation rows per weight read).
+        let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
+        let mut args = Args::default();
+        let mut total = 0;
+        for i in 0..3 {
+            let (wp, yp, n) = parts.get(i).copied().unwrap_or((0, 0, 0));
+            args = args.ptr(wp).ptr(yp).i32(n);
+            total += n;
+        }
+        let args = args.ptr(x).ptr(up).i32(k).i32(rows).i32(usize::from(accumulate));
+        // One wave per matrix row, 4 rows per workgroup.
+        self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
     }
 
     fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
@@ -781,6 +789,16 @@ impl<A: GpuApi> GpuBackend<A> {
             }
             _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
         })
+    }
+}
+
+/// The decode mat-vec kernel of a weight and its raw blocks, if its type has one.
+fn matvec_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
+    match (&gweight(w).data, w.ggml_type) {
+        (WeightData::Q8_0 { blocks, .. }, _) => Some(("matvec_q8_0", blocks.ptr)),
+        (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) => Some(("matvec_q4_k", blocks.ptr)),
+        (WeightData::KQuant { blocks, .. }, GgmlType::Q6_K) => Some(("matvec_q6_k", blocks.ptr)),
+        _ => None,
     }
 }
 
@@ -946,6 +964,48 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
         if let Err(e) = self.try_matmul(w, gbuf(x), rows, gbuf(out)) {
             self.fail(e);
+        }
+    }
+
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        // q, k, v (or gate, up) of the same type in one mat-vec launch.
+        let kernels: Vec<_> = ws.iter().map(|w| matvec_kernel(w)).collect();
+        let name = kernels.first().copied().flatten().map(|(n, _)| n);
+        let same = name.is_some()
+            && (1..=3).contains(&ws.len())
+            && rows <= MATVEC_MAX_ROWS
+            && kernels.iter().all(|k| k.map(|(n, _)| n) == name)
+            && ws.iter().all(|w| w.cols == ws[0].cols);
+        if !same {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, rows, out);
+            }
+            return;
+        }
+        let parts: Vec<_> =
+            ws.iter().zip(outs.iter()).zip(&kernels).map(|((w, out), k)| (k.expect("checked").1, gbuf(out).mem.ptr, w.rows)).collect();
+        self.matvec(name.expect("checked"), &parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false);
+    }
+
+    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+        match matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            // out += W (silu(x) * up): one launch, SwiGLU and the residual add included.
+            Some((name, blocks)) => self.matvec(
+                name,
+                &[(blocks, gbuf(out).mem.ptr, w.rows)],
+                gbuf(x).mem.ptr,
+                up.map(|u| gbuf(u).mem.ptr).unwrap_or(0),
+                w.cols,
+                rows,
+                true,
+            ),
+            None => {
+                if let Some(up) = up {
+                    self.silu_mul(x, up, rows * w.cols);
+                }
+                self.matmul(w, x, rows, scratch);
+                self.add(out, scratch, rows * w.rows);
+            }
         }
     }
 
