@@ -2,7 +2,9 @@
 //!
 //! For each model: logits of a 160-token prompt (teacher forcing, the prefill GEMM path)
 //! compared row by row (relative L2 error, argmax agreement), then 64 greedy decode steps
-//! (the mat-vec path) compared token by token. A greedy divergence passes only as a near
+//! (the mat-vec path) compared token by token, and the decode logits of the GPU backend
+//! replaying captured step graphs compared bit for bit with the same backend launching
+//! eagerly (`GpuOptions::eager`). A greedy divergence passes only as a near
 //! tie: the CPU's top-2 margin at that step under 1% of its largest |logit|, the same rule
 //! as the numpy reference tests (docs/REFERENCE.md). Exit code 1 on any failure.
 //!
@@ -66,6 +68,13 @@ fn greedy(model: &Model, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u3
     Ok((out, margins))
 }
 
+/// Logits of each decode step over `tokens` after `prompt` (teacher forcing, one row a step).
+fn decode_logits(model: &Model, prompt: &[u32], tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut cache = model.new_cache(prompt.len() + tokens.len() + 1)?;
+    model.forward(&mut cache, prompt, Logits::Last)?;
+    tokens.iter().map(|&t| model.forward(&mut cache, &[t], Logits::Last)).collect()
+}
+
 /// The batched forward on one backend against the same sequences run alone on it: three
 /// sequences of different lengths prefilled in one pass, then one decode row each in one
 /// pass. Returns the largest relative L2 difference of their last-row logits.
@@ -105,9 +114,12 @@ fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let cpu = civetta::backend::create("cpu", 0)?;
     let gpu = civetta::backend::create_with(&backend, 0, &opts)?;
+    let gpu_eager = civetta::backend::create_with(&backend, 0, &GpuOptions { eager: true, ..opts.clone() })?;
     println!("backend {} ({}), CPU reference {}", gpu.name(), gpu.fingerprint(), cpu.variant());
-    println!("| model | prefill rel. L2 err (max) | tolerance | argmax agree | greedy 64 | batch vs solo (GPU) | result |");
-    println!("|---|---:|---:|---:|---|---:|---|");
+    println!(
+        "| model | prefill rel. L2 err (max) | tolerance | argmax agree | greedy 64 | batch vs solo (GPU) | graphs vs eager | result |"
+    );
+    println!("|---|---:|---:|---:|---|---:|---|---|");
     let mut failures = 0;
     for arch in archs.split(',') {
         for q in quants.split(',') {
@@ -120,7 +132,8 @@ fn main() -> anyhow::Result<()> {
             synth_model(&spec, &path)?;
             let file = Arc::new(GgufFile::open(&path)?);
             let m_cpu = Model::load(file.clone(), cpu.clone())?;
-            let m_gpu = Model::load(file, gpu.clone())?;
+            let m_gpu = Model::load(file.clone(), gpu.clone())?;
+            let m_eager = Model::load(file, gpu_eager.clone())?;
             let prompt: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % spec.vocab as u32).collect();
             let a = civetta::model::all_logits(&m_cpu, &prompt)?;
             let b = civetta::model::all_logits(&m_gpu, &prompt)?;
@@ -139,12 +152,18 @@ fn main() -> anyhow::Result<()> {
                 Some(i) => (format!("DIFFER at step {i} (margin {:.1e})", margins[i]), false),
             };
             let batch = batch_vs_solo(&m_gpu, &prompt)?;
-            let ok = worst < tolerance(t) && greedy_ok && batch < tolerance(t);
+            // Same backend, same kernels: replayed graphs must give the eager launches' bits.
+            let graphed = decode_logits(&m_gpu, &prompt[..8], &tc)?;
+            let eager = decode_logits(&m_eager, &prompt[..8], &tc)?;
+            let same = graphed.iter().zip(&eager).filter(|(a, b)| a.iter().map(|v| v.to_bits()).eq(b.iter().map(|v| v.to_bits()))).count();
+            let graphs_ok = same == eager.len();
+            let ok = worst < tolerance(t) && greedy_ok && batch < tolerance(t) && graphs_ok;
             failures += usize::from(!ok);
             println!(
-                "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch:.2e} | {} |",
+                "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch:.2e} | {same}/{} equal | {} |",
                 tolerance(t),
                 prompt.len(),
+                eager.len(),
                 if ok { "ok" } else { "FAIL" }
             );
         }

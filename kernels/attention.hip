@@ -13,6 +13,8 @@
 //   4 waves split the keys, each lane owns D/32 dims; the waves merge in LDS.
 //   Grid: (Hq); block: 128 threads. A sliding window needs no kernel support here: the
 //   host passes the cache from the window's first key on.
+// civetta_attn_decode_pos_d{64,128,256}: the same, S = pos[0] + 1 read from device memory (decode
+//   graphs; layers without a window).
 #include "civetta_gpu.h"
 
 namespace {
@@ -160,6 +162,12 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
       float scale) {                                                                                             \
     attn_decode<D>(q, k_cache, v_cache, out, S, Hq, Hkv, scale);                                                 \
+  }                                                                                                              \
+  /* The same with S = pos[0] + 1 read on the device: decode graphs replay it unchanged. */                     \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_pos_d##D(                                        \
+      const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv, \
+      float scale) {                                                                                             \
+    attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale);                                        \
   }
 
 CIVETTA_ATTN(64)

@@ -268,6 +268,14 @@ pub fn record(kernel: &str, shape: &str, backend: &str, variant: &str, duration:
     }
 }
 
+/// Counts `n` untimed calls (GPU graph replays count each kernel's launches at once).
+pub fn record_calls(kernel: &str, shape: &str, backend: &str, variant: &str, n: u64) {
+    let r = registry();
+    if r.enabled.load(Ordering::Relaxed) {
+        r.entry(kernel, shape, backend, variant).calls.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Whether the next call of a kernel should be timed (GPU backends decide before launching
 /// whether to record events); counts the call.
 pub fn should_sample(kernel: &str, shape: &str, backend: &str, variant: &str) -> bool {
@@ -279,6 +287,14 @@ pub fn should_sample(kernel: &str, shape: &str, backend: &str, variant: &str) ->
     let n = e.calls.fetch_add(1, Ordering::Relaxed);
     let every = r.sample_every.load(Ordering::Relaxed);
     every != u64::MAX && n.is_multiple_of(every)
+}
+
+/// With timing on, one call in how many is timed (GPU graph replays time whole steps at
+/// this rate); None when timing is off or nothing is sampled.
+pub fn sample_every() -> Option<u64> {
+    let r = registry();
+    let every = r.sample_every.load(Ordering::Relaxed);
+    (r.enabled.load(Ordering::Relaxed) && every != u64::MAX).then_some(every)
 }
 
 /// Adds a timed duration for a call already counted by [`should_sample`].

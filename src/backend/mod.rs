@@ -140,6 +140,17 @@ pub trait Backend: Send + Sync {
             self.matmul(w, x, rows, out);
         }
     }
+    /// out += W act (a residual add), where act = x, or silu(x) * up when `up` is given
+    /// (SwiGLU into the down projection); x and `scratch` (rows * w.rows wide) are left
+    /// undefined. A backend may run it as one kernel (the GPU decode mat-vecs); the default is
+    /// silu_mul, matmul into `scratch` and add, the unfused ops bit for bit.
+    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+        if let Some(up) = up {
+            self.silu_mul(x, up, rows * w.cols);
+        }
+        self.matmul(w, x, rows, scratch);
+        self.add(out, scratch, rows * w.rows);
+    }
     /// x[r] += b for each of `rows` rows.
     fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
@@ -323,6 +334,9 @@ pub struct BackendArgs {
     /// Load the sched_barrier builds of the GEMM kernels.
     #[arg(long)]
     pub sched_barrier: bool,
+    /// GPU: queue every launch on its own instead of replaying captured decode graphs.
+    #[arg(long)]
+    pub gpu_eager: bool,
 }
 
 impl BackendArgs {
@@ -332,6 +346,7 @@ impl BackendArgs {
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
             weights: String::new(),
+            eager: self.gpu_eager,
         }
     }
 }

@@ -398,18 +398,30 @@ impl Model {
                     }
                 }
             }
-            be.matmul(&a.wo, &att, n, &mut h);
-            if let Some(b) = &a.bo {
-                be.add_bias(&mut h, b, n);
+            if layer.post_attn_norm.is_some() || a.bo.is_some() {
+                be.matmul(&a.wo, &att, n, &mut h);
+                if let Some(b) = &a.bo {
+                    be.add_bias(&mut h, b, n);
+                }
+                if let Some(w) = &layer.post_attn_norm {
+                    be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
+                }
+                be.add(&mut x, &h, n * d);
+            } else {
+                // x += Wo att (one kernel where the backend fuses the residual add).
+                be.matmul_add(&a.wo, &mut att, None, n, &mut x, &mut h);
             }
-            if let Some(w) = &layer.post_attn_norm {
-                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
-            }
-            be.add(&mut x, &h, n * d);
 
             // Feed-forward block.
             be.rmsnorm(&x, &layer.ffn_norm, n, d, hp.rms_eps, &mut h);
             match &layer.ffn {
+                Ffn::Dense { gate: wg, up: wu, down: wd } if layer.post_ffn_norm.is_none() => {
+                    // x += Wd (silu(gate) * up): SwiGLU and the residual add fused where the
+                    // backend can.
+                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
+                    be.matmul_add(wd, &mut gate, Some(&up), n, &mut x, &mut h);
+                    continue;
+                }
                 Ffn::Dense { gate: wg, up: wu, down: wd } => {
                     be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
                     be.silu_mul(&mut gate, &up, n * ff);

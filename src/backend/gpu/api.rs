@@ -16,12 +16,16 @@ use std::time::Duration;
 pub type DevicePtr = u64;
 
 /// A loaded kernel function (a `CUfunction` / `hipFunction_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FunctionHandle(pub u64);
 
 /// A timing event (`CUevent` / `hipEvent_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventHandle(pub u64);
+
+/// An instantiated graph of captured stream work (`CUgraphExec` / `hipGraphExec_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphHandle(pub u64);
 
 pub trait GpuApi: Send + Sync + 'static {
     /// "cuda" or "hip".
@@ -70,11 +74,32 @@ pub trait GpuApi: Send + Sync + 'static {
 
     fn event_create(&self) -> anyhow::Result<EventHandle>;
     fn event_record(&self, e: EventHandle) -> anyhow::Result<()>;
+    /// Records `e` while the stream is being captured, as a node of the graph (so that each
+    /// replay records it and it can time the launches around it).
+    fn event_record_captured(&self, e: EventHandle) -> anyhow::Result<()> {
+        self.event_record(e)
+    }
     /// Time between two recorded events that have completed.
     fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration>;
     fn event_destroy(&self, e: EventHandle);
     /// Waits for everything queued on the stream.
     fn synchronize(&self) -> anyhow::Result<()>;
+
+    /// Starts capturing the work queued on the stream (from this thread) into a graph
+    /// instead of running it. Runtimes without graphs refuse, and the caller launches eagerly.
+    fn capture_begin(&self) -> anyhow::Result<()> {
+        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    }
+    /// Ends the capture begun by `capture_begin` and instantiates the graph. Must be called
+    /// after every successful `capture_begin`, also when queuing failed in between.
+    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
+        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    }
+    /// Queues one run of an instantiated graph on the stream.
+    fn graph_launch(&self, _g: GraphHandle) -> anyhow::Result<()> {
+        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    }
+    fn graph_destroy(&self, _g: GraphHandle) {}
 
     /// Static resources of a loaded kernel at a block size: registers, local/scratch and
     /// shared/LDS bytes from the driver or the code object, and the occupancy they allow.

@@ -2,7 +2,7 @@
 //! the binary builds and starts without CUDA installed, and `civetta serve --backend cuda`
 //! on a host without the NVIDIA driver fails with one clear line instead of a link error.
 
-use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi};
+use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
 use crate::kernel_registry::KernelResources;
 use anyhow::{bail, Context};
 use cudarc::driver::sys;
@@ -201,6 +201,21 @@ impl GpuApi for CudaApi {
         check(unsafe { sys::cuEventRecord(e.0 as sys::CUevent, self.stream) }, "cuEventRecord")
     }
 
+    fn event_record_captured(&self, e: EventHandle) -> anyhow::Result<()> {
+        // SAFETY: e came from event_create. A plain record inside a capture only orders
+        // streams; the EXTERNAL flag makes it an event-record node of the graph.
+        check(
+            unsafe {
+                sys::cuEventRecordWithFlags(
+                    e.0 as sys::CUevent,
+                    self.stream,
+                    sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            },
+            "cuEventRecordWithFlags",
+        )
+    }
+
     fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration> {
         self.current()?;
         let mut ms = 0f32;
@@ -218,6 +233,43 @@ impl GpuApi for CudaApi {
         self.current()?;
         // SAFETY: our stream.
         check(unsafe { sys::cuStreamSynchronize(self.stream) }, "cuStreamSynchronize")
+    }
+
+    fn capture_begin(&self) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: our stream; thread-local mode: other threads' CUDA calls are not affected.
+        check(
+            unsafe { sys::cuStreamBeginCapture_v2(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) },
+            "cuStreamBeginCapture",
+        )
+    }
+
+    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
+        self.current()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun on our stream; the graph is destroyed once its
+        // executable exists (the executable does not refer to it).
+        unsafe {
+            check(sys::cuStreamEndCapture(self.stream, &mut graph), "cuStreamEndCapture")?;
+            let mut exec = std::ptr::null_mut();
+            let r = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
+            sys::cuGraphDestroy(graph);
+            check(r, "cuGraphInstantiateWithFlags")?;
+            Ok(GraphHandle(exec as u64))
+        }
+    }
+
+    fn graph_launch(&self, g: GraphHandle) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: g came from capture_end and is alive.
+        check(unsafe { sys::cuGraphLaunch(g.0 as sys::CUgraphExec, self.stream) }, "cuGraphLaunch")
+    }
+
+    fn graph_destroy(&self, g: GraphHandle) {
+        if self.current().is_ok() {
+            // SAFETY: destroyed once, after the stream finished with it (callers synchronize).
+            unsafe { sys::cuGraphExecDestroy(g.0 as sys::CUgraphExec) };
+        }
     }
 
     fn resources(&self, _image: &[u8], _name: &str, f: FunctionHandle, block_threads: u32) -> Option<KernelResources> {

@@ -5,10 +5,10 @@
 //! `hipGetDeviceProperties` is avoided (its struct layout changed in ROCm 6): the arch comes
 //! from the KFD topology in sysfs, the name from `hipDeviceGetName`.
 
-use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi};
+use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
 use crate::kernel_registry::KernelResources;
 use anyhow::{bail, Context};
-use hip_runtime_sys::{hipEvent_t, hipFunction_t, hipModule_t, hipStream_t};
+use hip_runtime_sys::{hipEvent_t, hipFunction_t, hipGraphExec_t, hipGraphNode_t, hipGraph_t, hipModule_t, hipStream_t};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::time::Duration;
 
@@ -17,6 +17,8 @@ const HIP_SUCCESS: HipStatus = 0;
 const HIP_ERROR_NO_DEVICE: HipStatus = 100;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 const HIP_HOST_REGISTER_MAPPED: c_uint = 2;
+/// hipStreamCaptureModeThreadLocal.
+const HIP_CAPTURE_THREAD_LOCAL: c_int = 1;
 
 extern "C" {
     fn hipInit(flags: c_uint) -> HipStatus;
@@ -55,6 +57,18 @@ extern "C" {
     fn hipEventRecord(e: hipEvent_t, stream: hipStream_t) -> HipStatus;
     fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, end: hipEvent_t) -> HipStatus;
     fn hipEventDestroy(e: hipEvent_t) -> HipStatus;
+    fn hipStreamBeginCapture(stream: hipStream_t, mode: c_int) -> HipStatus;
+    fn hipStreamEndCapture(stream: hipStream_t, graph: *mut hipGraph_t) -> HipStatus;
+    fn hipGraphInstantiate(
+        exec: *mut hipGraphExec_t,
+        graph: hipGraph_t,
+        error_node: *mut hipGraphNode_t,
+        log: *mut c_char,
+        log_size: usize,
+    ) -> HipStatus;
+    fn hipGraphDestroy(graph: hipGraph_t) -> HipStatus;
+    fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> HipStatus;
+    fn hipGraphExecDestroy(exec: hipGraphExec_t) -> HipStatus;
 }
 
 fn check(r: HipStatus, what: &str) -> anyhow::Result<()> {
@@ -285,6 +299,39 @@ impl GpuApi for HipApi {
         self.current()?;
         // SAFETY: our stream.
         check(unsafe { hipStreamSynchronize(self.stream) }, "hipStreamSynchronize")
+    }
+
+    fn capture_begin(&self) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: our stream; thread-local capture mode.
+        check(unsafe { hipStreamBeginCapture(self.stream, HIP_CAPTURE_THREAD_LOCAL) }, "hipStreamBeginCapture")
+    }
+
+    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
+        self.current()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: ends our stream's capture; the graph is destroyed once instantiated.
+        unsafe {
+            check(hipStreamEndCapture(self.stream, &mut graph), "hipStreamEndCapture")?;
+            let mut exec = std::ptr::null_mut();
+            let r = hipGraphInstantiate(&mut exec, graph, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            hipGraphDestroy(graph);
+            check(r, "hipGraphInstantiate")?;
+            Ok(GraphHandle(exec as u64))
+        }
+    }
+
+    fn graph_launch(&self, g: GraphHandle) -> anyhow::Result<()> {
+        self.current()?;
+        // SAFETY: g came from capture_end and is alive.
+        check(unsafe { hipGraphLaunch(g.0 as hipGraphExec_t, self.stream) }, "hipGraphLaunch")
+    }
+
+    fn graph_destroy(&self, g: GraphHandle) {
+        if self.current().is_ok() {
+            // SAFETY: destroyed once.
+            unsafe { hipGraphExecDestroy(g.0 as hipGraphExec_t) };
+        }
     }
 
     /// From the code object's metadata note (the same reader as `civetta kernels report`)

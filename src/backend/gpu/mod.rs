@@ -20,6 +20,7 @@
 pub mod api;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod image_choice;
@@ -31,7 +32,8 @@ use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
 use crate::quant;
 use anyhow::{bail, Context};
-use api::{DevicePtr, EventHandle, FunctionHandle, GpuApi};
+use api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
+use graph::{Decision, GraphCache, GraphEntry, LaunchOp, Op};
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -53,9 +55,13 @@ pub struct GpuOptions {
     /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
     /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
     pub weights: String,
+    /// Queue every launch on its own instead of capturing repeated steps (decode) into
+    /// device graphs and replaying them (`graph.rs`). For comparisons and as a way out.
+    pub eager: bool,
 }
 
 /// Decode batches up to this many rows use the mat-vec kernels; larger ones the GEMMs.
+/// One row runs `matvec_*`, 2-4 run `matvec_*_x4` (each weight row read once for 4 rows).
 const MATVEC_MAX_ROWS: usize = 4;
 
 /// The kernel images (one per kernels/*.hip) and the functions each exports, with the
@@ -70,6 +76,9 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("attn_decode_d64", 128),
             ("attn_decode_d128", 128),
             ("attn_decode_d256", 128),
+            ("attn_decode_pos_d64", 128),
+            ("attn_decode_pos_d128", 128),
+            ("attn_decode_pos_d256", 128),
         ],
     ),
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
@@ -77,7 +86,18 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
     ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256)]),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
-    ("matvec", &[("matvec_q8_0", 128), ("matvec_q4_k", 128), ("matvec_q6_k", 128)]),
+    ("kv_cache", &[("kv_store_f16", 256)]),
+    (
+        "matvec",
+        &[
+            ("matvec_q8_0", 128),
+            ("matvec_q4_k", 128),
+            ("matvec_q6_k", 128),
+            ("matvec_q8_0_x4", 128),
+            ("matvec_q4_k_x4", 128),
+            ("matvec_q6_k_x4", 128),
+        ],
+    ),
     ("norm", &[("rmsnorm", 256)]),
     ("quantize", &[("quantize_act_q8", 256)]),
     ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
@@ -198,6 +218,29 @@ struct PendingTiming {
     shape: &'static str,
     start: EventHandle,
     end: EventHandle,
+    /// The events belong to a timed graph (not returned to the spare list).
+    graph_owned: bool,
+}
+
+/// Work of the current step not yet queued (graph.rs).
+#[derive(Default)]
+struct Tape {
+    ops: Vec<Op>,
+    /// A recorded launch reads the positions buffer (its contents must not change under it).
+    reads_positions: bool,
+}
+
+/// The rows' positions on the device, at an address that stays the same from step to step
+/// (RoPE, the KV store and decode attention read them there, so decode graphs repeat).
+struct Positions {
+    values: Vec<u32>,
+    buf: DevBuf,
+    capacity: usize,
+}
+
+/// Kernels that read the positions buffer.
+fn reads_positions(kernel: &str) -> bool {
+    kernel.starts_with("rope_") || kernel == "kv_store_f16" || kernel.starts_with("attn_decode_pos")
 }
 
 pub struct GpuBackend<A: GpuApi> {
@@ -217,8 +260,14 @@ pub struct GpuBackend<A: GpuApi> {
     registered: Mutex<HashSet<(&'static str, &'static str)>>,
     /// First error of an op since the last `take_error` (ops have no Result).
     error: Mutex<Option<anyhow::Error>>,
-    /// Positions last uploaded for RoPE (the same for q and k of every layer of a step).
-    positions: Mutex<Option<(Vec<u32>, GpuBuffer)>>,
+    /// Positions last uploaded (the same for every layer of a step).
+    positions: Mutex<Option<Positions>>,
+    /// Capture repeated steps into graphs (`GpuOptions::eager` off).
+    use_graphs: bool,
+    tape: Mutex<Tape>,
+    graphs: Mutex<GraphCache>,
+    /// Set when events recorded inside a graph could not be read: replays are then untimed.
+    graph_timing_broken: std::sync::atomic::AtomicBool,
 }
 
 /// The folder `build/kernels/<compiler>/<arch>` with the newest compiler tag, if any.
@@ -321,6 +370,10 @@ impl<A: GpuApi> GpuBackend<A> {
             registered: Mutex::new(HashSet::new()),
             error: Mutex::new(None),
             positions: Mutex::new(None),
+            use_graphs: !opts.eager,
+            tape: Mutex::new(Tape::default()),
+            graphs: Mutex::new(GraphCache::default()),
+            graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -395,21 +448,207 @@ impl<A: GpuApi> GpuBackend<A> {
             }
         }
         let grid = grid.map(|g| u32::try_from(g.max(1)).expect("grid dimension exceeds u32"));
-        let mut slots = args.slots;
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
-        let timed = kernel_registry::should_sample(name, shape, backend, self.variant);
+        let op = LaunchOp { kernel: name, shape, f: k.f, grid, block: [k.threads, 1, 1], slots: args.slots };
+        if self.use_graphs {
+            let mut tape = self.tape.lock();
+            tape.reads_positions |= reads_positions(name);
+            tape.ops.push(Op::Launch(op));
+            Ok(())
+        } else {
+            self.queue_sampled(&op)
+        }
+    }
+
+    /// Queues one launch, timing it with an event pair when the registry samples this call.
+    fn queue_sampled(&self, op: &LaunchOp) -> anyhow::Result<()> {
+        let timed = kernel_registry::should_sample(op.kernel, op.shape, self.api.backend_name(), self.variant);
         let events = if timed { Some((self.event()?, self.event()?)) } else { None };
         if let Some((start, _)) = events {
             self.api.event_record(start)?;
         }
-        // SAFETY: every call site passes the arguments of the kernel's signature in order,
-        // with device pointers of buffers sized for the grid it computes.
-        unsafe { self.api.launch(k.f, grid, [k.threads, 1, 1], 0, &mut params)? };
+        self.queue(op)?;
         if let Some((start, end)) = events {
             self.api.event_record(end)?;
-            self.pending.lock().push(PendingTiming { kernel: name, shape, start, end });
+            self.pending.lock().push(PendingTiming { kernel: op.kernel, shape: op.shape, start, end, graph_owned: false });
         }
         Ok(())
+    }
+
+    /// Queues one launch as it is.
+    fn queue(&self, op: &LaunchOp) -> anyhow::Result<()> {
+        let mut slots = op.slots.clone();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        // SAFETY: every call site passes the arguments of the kernel's signature in order,
+        // with device pointers of buffers sized for the grid it computes.
+        unsafe { self.api.launch(op.f, op.grid, op.block, 0, &mut params) }
+    }
+
+    /// A device-to-device copy: on the tape, or queued at once without graphs.
+    fn copy_op(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+        if self.use_graphs {
+            self.tape.lock().ops.push(Op::Copy { dst, src, bytes });
+            Ok(())
+        } else {
+            self.api.copy(dst, src, bytes)
+        }
+    }
+
+    /// Queues the recorded work of the step: replaying its graph, capturing one, or eagerly.
+    /// Called before anything else touches the stream (uploads, downloads, waits).
+    fn flush(&self) {
+        let ops = {
+            let mut tape = self.tape.lock();
+            tape.reads_positions = false;
+            std::mem::take(&mut tape.ops)
+        };
+        if ops.is_empty() {
+            return;
+        }
+        if let Err(e) = self.run_tape(ops) {
+            self.fail(e);
+        }
+    }
+
+    fn run_tape(&self, ops: Vec<Op>) -> anyhow::Result<()> {
+        let hash = graph::tape_hash(&ops);
+        let mut graphs = self.graphs.lock();
+        match graphs.decide(&ops, hash) {
+            Decision::Eager => {
+                drop(graphs);
+                self.queue_eager(&ops)
+            }
+            Decision::Capture => match self.capture(&ops, None) {
+                Ok(plain) => {
+                    graphs.captures += 1;
+                    let calls = graph::launch_counts(&ops);
+                    if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
+                        self.api.synchronize()?;
+                        self.destroy_graph(old);
+                    }
+                    let i = graphs.entries.len() - 1;
+                    self.replay(&mut graphs, i)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "GPU graph capture failed: launching eagerly from now on");
+                    graphs.disabled = true;
+                    drop(graphs);
+                    self.queue_eager(&ops)
+                }
+            },
+            Decision::Replay(i) => self.replay(&mut graphs, i),
+        }
+    }
+
+    fn queue_eager(&self, ops: &[Op]) -> anyhow::Result<()> {
+        for op in ops {
+            match op {
+                Op::Launch(l) => self.queue_sampled(l)?,
+                Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Captures `ops` into a graph; with `events`, an event pair around each launch.
+    fn capture(&self, ops: &[Op], events: Option<&[(EventHandle, EventHandle)]>) -> anyhow::Result<GraphHandle> {
+        self.api.capture_begin()?;
+        let mut pairs = events.map(|e| e.iter());
+        let queued = (|| -> anyhow::Result<()> {
+            for op in ops {
+                match op {
+                    Op::Launch(l) => {
+                        let pair = pairs.as_mut().and_then(|it| it.next().copied());
+                        if let Some((start, _)) = pair {
+                            self.api.event_record_captured(start)?;
+                        }
+                        self.queue(l)?;
+                        if let Some((_, end)) = pair {
+                            self.api.event_record_captured(end)?;
+                        }
+                    }
+                    Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
+                }
+            }
+            Ok(())
+        })();
+        let graph = self.api.capture_end();
+        match (queued, graph) {
+            (Ok(()), graph) => graph,
+            (Err(e), Ok(g)) => {
+                self.api.graph_destroy(g);
+                Err(e)
+            }
+            (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// Queues one run of a captured step. With kernel timing on, every `sample_every`-th
+    /// replay runs the entry's timed graph (an event pair around each launch), so the
+    /// fraction of launches timed stays the configured rate; every launch is counted.
+    fn replay(&self, graphs: &mut GraphCache, i: usize) -> anyhow::Result<()> {
+        let backend = self.api.backend_name();
+        let every = kernel_registry::sample_every();
+        let timing_ok = !self.graph_timing_broken.load(std::sync::atomic::Ordering::Relaxed);
+        let e = &mut graphs.entries[i];
+        let timed = timing_ok && every.is_some_and(|n| e.replays.is_multiple_of(n)) && !self.pending.lock().iter().any(|p| p.graph_owned);
+        e.replays += 1;
+        graphs.replays += 1;
+        let launches = || {
+            e.ops.iter().filter_map(|op| match op {
+                Op::Launch(l) => Some(l),
+                Op::Copy { .. } => None,
+            })
+        };
+        if timed && e.timed.is_none() {
+            let mut events = Vec::new();
+            for _ in launches() {
+                events.push((self.api.event_create()?, self.api.event_create()?));
+            }
+            let g = self.capture(&e.ops, Some(&events))?;
+            e.timed = Some((g, events));
+        }
+        match (&e.timed, timed) {
+            (Some((g, events)), true) => {
+                self.api.graph_launch(*g)?;
+                let mut pending = self.pending.lock();
+                for (l, &(start, end)) in launches().zip(events) {
+                    pending.push(PendingTiming { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
+                }
+            }
+            _ => self.api.graph_launch(e.plain)?,
+        }
+        if every.is_some() {
+            for &(kernel, shape, n) in &e.calls {
+                kernel_registry::record_calls(kernel, shape, backend, self.variant, n);
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy_graph(&self, e: GraphEntry) {
+        self.api.graph_destroy(e.plain);
+        if let Some((g, events)) = e.timed {
+            self.api.graph_destroy(g);
+            for (a, b) in events {
+                self.api.event_destroy(a);
+                self.api.event_destroy(b);
+            }
+        }
+    }
+
+    /// Graphs captured and replays so far (diagnostics and tests).
+    pub fn graph_counts(&self) -> (u64, u64) {
+        let g = self.graphs.lock();
+        (g.captures, g.replays)
+    }
+
+    /// The device address of `positions[first_row..first_row + n]` when the uploaded
+    /// positions there are `start..start + n` (a sequence's rows), else None.
+    fn positions_at(&self, first_row: usize, start: usize, n: usize) -> Option<DevicePtr> {
+        let cached = self.positions.lock();
+        let p = cached.as_ref()?;
+        let rows = p.values.get(first_row..first_row + n)?;
+        rows.iter().enumerate().all(|(i, &v)| v as usize == start + i).then(|| p.buf.ptr + first_row as u64 * 4)
     }
 
     fn event(&self) -> anyhow::Result<EventHandle> {
@@ -427,10 +666,17 @@ impl<A: GpuApi> GpuBackend<A> {
         for p in pending {
             match self.api.event_elapsed(p.start, p.end) {
                 Ok(d) => kernel_registry::observe_sampled(p.kernel, p.shape, backend, self.variant, d),
+                Err(e) if p.graph_owned => {
+                    if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "kernel timing inside GPU graphs unreadable: graph replays are not timed from now on");
+                    }
+                }
                 Err(e) => tracing::warn!(kernel = p.kernel, error = %e, "kernel timing event unreadable"),
             }
-            spare.push(p.start);
-            spare.push(p.end);
+            if !p.graph_owned {
+                spare.push(p.start);
+                spare.push(p.end);
+            }
         }
     }
 
@@ -448,19 +694,16 @@ impl<A: GpuApi> GpuBackend<A> {
     fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
         let (n, k) = (w.rows, w.cols);
         let gw = gweight(w);
-        let matvec = |name: &'static str, blocks: &DevBuf| {
-            self.launch(
-                name,
-                rows,
-                [n.div_ceil(4), rows, 1],
-                Args::default().ptr(blocks.ptr).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k),
-            );
-        };
+        if let Some((name, blocks)) = matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            self.matvec(name, &[(blocks, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
+            return Ok(());
+        }
+        if let Some((name, blocks)) = matvec_q5_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
+            return Ok(());
+        }
         let big = rows >= 128 && n >= 128;
         match &gw.data {
-            WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } if rows <= MATVEC_MAX_ROWS => {
-                matvec(matvec_kernel(w.ggml_type)?, blocks)
-            }
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
                 let xs = self.scratch(rows * k / 32, Elem::F32)?;
@@ -492,6 +735,35 @@ impl<A: GpuApi> GpuBackend<A> {
             WeightData::Vector(_) => bail!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name),
         }
         Ok(())
+    }
+
+    /// One mat-vec launch (`kernels/matvec.hip`) over up to three matrices of `k` columns that
+    /// share the input: `parts` are (raw blocks, output, rows of the matrix). `up` != 0 makes
+    /// the input silu(x) * up; `accumulate` adds to the outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn matvec(
+        &self,
+        name: &'static str,
+        parts: &[(DevicePtr, DevicePtr, usize)],
+        x: DevicePtr,
+        up: DevicePtr,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+    ) {
+        debug_assert!((1..=3).contains(&parts.len()) && rows <= MATVEC_MAX_ROWS);
+        // One row: the plain build; more: the _x4 build (4 activation rows per weight read).
+        let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
+        let mut args = Args::default();
+        let mut total = 0;
+        for i in 0..3 {
+            let (wp, yp, n) = parts.get(i).copied().unwrap_or((0, 0, 0));
+            args = args.ptr(wp).ptr(yp).i32(n);
+            total += n;
+        }
+        let args = args.ptr(x).ptr(up).i32(k).i32(rows).i32(usize::from(accumulate));
+        // One wave per matrix row, 4 rows per workgroup.
+        self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
     }
 
     fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
@@ -548,16 +820,55 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 }
 
-/// The decode mat-vec kernel for a type kept as raw blocks.
-fn matvec_kernel(t: GgmlType) -> anyhow::Result<&'static str> {
-    Ok(match t {
+/// The decode mat-vec kernel of a weight and its raw blocks, if its type has one.
+fn matvec_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
+    let blocks = match &gweight(w).data {
+        WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } => blocks.ptr,
+        _ => return None,
+    };
+    let name = match w.ggml_type {
         GgmlType::Q8_0 => "matvec_q8_0",
         GgmlType::Q4_K => "matvec_q4_k",
         GgmlType::Q6_K => "matvec_q6_k",
-        GgmlType::Q5_0 => "matvec_q5_0",
-        GgmlType::Q5_1 => "matvec_q5_1",
-        other => bail!("no mat-vec kernel for {other}"),
-    })
+        _ => return None,
+    };
+    Some((name, blocks))
+}
+
+/// Q5_0 / Q5_1 decode (kernels/matvec_q5.hip): one weight, rows on the grid's y axis, none of
+/// the fused multi-matrix / accumulate arguments of `GpuBackend::matvec`.
+fn matvec_q5_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
+    let blocks = match &gweight(w).data {
+        WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } => blocks.ptr,
+        _ => return None,
+    };
+    match w.ggml_type {
+        GgmlType::Q5_0 => Some(("matvec_q5_0", blocks)),
+        GgmlType::Q5_1 => Some(("matvec_q5_1", blocks)),
+        _ => None,
+    }
+}
+
+/// The 4-row build of a mat-vec kernel.
+fn x4_name(name: &'static str) -> &'static str {
+    match name {
+        "matvec_q8_0" => "matvec_q8_0_x4",
+        "matvec_q4_k" => "matvec_q4_k_x4",
+        "matvec_q6_k" => "matvec_q6_k_x4",
+        other => other,
+    }
+}
+
+impl<A: GpuApi> Drop for GpuBackend<A> {
+    fn drop(&mut self) {
+        // Recorded work refers to buffers that may be gone: drop it; graphs go after the
+        // stream has finished with them.
+        self.tape.get_mut().ops.clear();
+        let _ = self.api.synchronize();
+        for e in std::mem::take(&mut self.graphs.get_mut().entries) {
+            self.destroy_graph(e);
+        }
+    }
 }
 
 fn bytemuck_f32(v: &[f32]) -> &[u8] {
@@ -640,6 +951,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+        self.flush();
         let b = gbuf(dst);
         if let Err(e) = self.api.upload(b.mem.ptr + offset as u64 * 4, bytemuck_f32(src)) {
             self.fail(e);
@@ -647,6 +959,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+        self.flush();
         let b = gbuf(src);
         if let Err(e) = self.api.download(b.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst)) {
             self.fail(e);
@@ -668,6 +981,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             }
             quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)?;
         }
+        self.flush();
         self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
     }
 
@@ -697,6 +1011,48 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
     }
 
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        // q, k, v (or gate, up) of the same type in one mat-vec launch.
+        let kernels: Vec<_> = ws.iter().map(|w| matvec_kernel(w)).collect();
+        let name = kernels.first().copied().flatten().map(|(n, _)| n);
+        let same = name.is_some()
+            && (1..=3).contains(&ws.len())
+            && rows <= MATVEC_MAX_ROWS
+            && kernels.iter().all(|k| k.map(|(n, _)| n) == name)
+            && ws.iter().all(|w| w.cols == ws[0].cols);
+        if !same {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, rows, out);
+            }
+            return;
+        }
+        let parts: Vec<_> =
+            ws.iter().zip(outs.iter()).zip(&kernels).map(|((w, out), k)| (k.expect("checked").1, gbuf(out).mem.ptr, w.rows)).collect();
+        self.matvec(name.expect("checked"), &parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false);
+    }
+
+    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+        match matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            // out += W (silu(x) * up): one launch, SwiGLU and the residual add included.
+            Some((name, blocks)) => self.matvec(
+                name,
+                &[(blocks, gbuf(out).mem.ptr, w.rows)],
+                gbuf(x).mem.ptr,
+                up.map(|u| gbuf(u).mem.ptr).unwrap_or(0),
+                w.cols,
+                rows,
+                true,
+            ),
+            None => {
+                if let Some(up) = up {
+                    self.silu_mul(x, up, rows * w.cols);
+                }
+                self.matmul(w, x, rows, scratch);
+                self.add(out, scratch, rows * w.rows);
+            }
+        }
+    }
+
     fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
         let WeightData::Vector(bv) = &gweight(b).data else {
             return self.fail(anyhow::anyhow!("bias \"{}\" is not 1-D", b.name));
@@ -707,19 +1063,31 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
         let mut cached = self.positions.lock();
-        if cached.as_ref().is_none_or(|(p, _)| p.as_slice() != positions) {
-            let upload = || -> anyhow::Result<GpuBuffer> {
-                let b = self.scratch(positions.len(), Elem::F32)?; // 4-byte slots hold the int32 positions
+        if cached.as_ref().is_none_or(|p| p.values.as_slice() != positions) {
+            // Recorded launches that read the old positions (or the old buffer) go first.
+            let grow = cached.as_ref().is_none_or(|p| p.capacity < positions.len());
+            if grow || self.tape.lock().reads_positions {
+                self.flush();
+            }
+            let upload = |cached: &mut Option<Positions>| -> anyhow::Result<()> {
+                if grow {
+                    let capacity = positions.len().max(64).next_power_of_two();
+                    *cached = None; // the old buffer is freed before the new one is made
+                    *cached = Some(Positions { values: Vec::new(), buf: self.raw_alloc(capacity * 4)?, capacity });
+                }
+                let p = cached.as_mut().expect("positions buffer");
                 let bytes: Vec<u8> = positions.iter().flat_map(|p| (*p as i32).to_le_bytes()).collect();
-                self.api.upload(b.mem.ptr, &bytes)?;
-                Ok(b)
+                self.api.upload(p.buf.ptr, &bytes)?;
+                p.values = positions.to_vec();
+                Ok(())
             };
-            match upload() {
-                Ok(b) => *cached = Some((positions.to_vec(), b)),
-                Err(e) => return self.fail(e),
+            if let Err(e) = upload(&mut cached) {
+                *cached = None;
+                return self.fail(e);
             }
         }
-        let pos = cached.as_ref().map(|(_, b)| b.mem.ptr).unwrap_or(0);
+        let pos = cached.as_ref().map(|p| p.buf.ptr).unwrap_or(0);
+        drop(cached);
         let name = if style == RopeStyle::Neox { "rope_neox" } else { "rope_norm" };
         let pairs = n_heads * head_dim / 2;
         self.launch(
@@ -744,6 +1112,23 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let n = n_tokens * kv_dim;
         let off = (start_pos * kv_dim * 2) as u64;
         let src_off = (src_row * kv_dim * 4) as u64;
+        if let Some(pos) = self.positions_at(src_row, start_pos, n_tokens) {
+            // The cache rows come from the positions on the device: one launch for k and v,
+            // the same arguments at every decode step.
+            self.launch(
+                "kv_store_f16",
+                n_tokens,
+                [kv_dim.div_ceil(256), n_tokens, 2],
+                Args::default()
+                    .ptr(gbuf(k).mem.ptr + src_off)
+                    .ptr(gbuf(v).mem.ptr + src_off)
+                    .ptr(gbuf(k_cache).mem.ptr)
+                    .ptr(gbuf(v_cache).mem.ptr)
+                    .ptr(pos)
+                    .i32(kv_dim),
+            );
+            return;
+        }
         for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
             debug_assert_eq!(gbuf(dst).elem, Elem::F16);
             self.launch(
@@ -761,13 +1146,27 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         // This sequence's rows of q and out (f32, n_head * head_dim wide).
         let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
         let (q, kc, vc, o) = (gbuf(q).mem.ptr + row_off, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr + row_off);
-        let (decode, prefill) = match s.head_dim {
-            64 => ("attn_decode_d64", "attn_prefill_d64"),
-            128 => ("attn_decode_d128", "attn_prefill_d128"),
-            256 => ("attn_decode_d256", "attn_prefill_d256"),
+        let (decode, decode_pos, prefill) = match s.head_dim {
+            64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
+            128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
+            256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
             d => return self.fail(anyhow::anyhow!("no attention kernel for head_dim {d}")),
         };
-        if s.n_tokens == 1 {
+        // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
+        // captured decode graph) is the same at every step. A windowed layer's key range
+        // moves with the position: it is passed from the host (a new graph per step there).
+        let pos = match (decode_pos, s.window) {
+            (Some(_), None) if s.n_tokens == 1 => self.positions_at(s.first_row, s.start_pos, 1),
+            _ => None,
+        };
+        if let (Some(pos), Some(decode_pos)) = (pos, decode_pos) {
+            self.launch(
+                decode_pos,
+                1,
+                [s.n_head, 1, 1],
+                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+            );
+        } else if s.n_tokens == 1 {
             // A sliding window on decode: the query sees the last `window` keys, so the kernel
             // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
             let first_key = s.window.map_or(0, |w| keys.saturating_sub(w));
@@ -826,7 +1225,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
-        if let Err(e) = self.api.copy(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4) {
+        if let Err(e) = self.copy_op(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4) {
             self.fail(e);
         }
     }
@@ -834,13 +1233,14 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
         let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
         for (i, &r) in rows.iter().enumerate() {
-            if let Err(e) = self.api.copy(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4) {
+            if let Err(e) = self.copy_op(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4) {
                 return self.fail(e);
             }
         }
     }
 
     fn synchronize(&self) {
+        self.flush();
         if let Err(e) = self.api.synchronize() {
             self.fail(e);
         }

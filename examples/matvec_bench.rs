@@ -1,0 +1,112 @@
+//! Decode mat-vec kernels alone, at a model's shapes: for each weight matrix of layer 0 and
+//! the output matrix, the kernel time (GPU events around each launch) and the bytes of raw
+//! weight blocks it reads, as GB/s and as a fraction of the device's copy bandwidth (a
+//! device-to-device copy, counted as read + write like torch's figure in docs/GPU.md).
+//!
+//! usage: matvec_bench -m MODEL.gguf [--backend cuda|hip] [--kernel-dir DIR] [--iters 200]
+//!                     [--rows 1,4,8,16]
+//! Prints a markdown table (docs/GPU.md, "Mat-vec bandwidth"). Rows > 1 are batched decode
+//! (one activation row per sequence); the table's GB/s counts the weights once per launch.
+
+use civetta::backend::gpu::GpuOptions;
+use civetta::gguf::GgufFile;
+use civetta::kernel_registry;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let model = arg(&args, "-m", "");
+    anyhow::ensure!(!model.is_empty(), "usage: matvec_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR] [--iters N] [--rows 1,4]");
+    let backend = arg(&args, "--backend", "cuda");
+    let iters: usize = arg(&args, "--iters", "200").parse()?;
+    let rows_list: Vec<usize> = arg(&args, "--rows", "1").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
+    // Eager launches: each one gets its own event pair.
+    let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), eager: true, ..Default::default() };
+    let be = civetta::backend::create_with(&backend, 0, &opts)?;
+    let file = Arc::new(GgufFile::open(std::path::Path::new(&model))?);
+
+    // Copy bandwidth: 1 GiB device to device, median of 10.
+    let n = 256 << 20;
+    let src = be.alloc(n)?;
+    let mut dst = be.alloc(n)?;
+    let mut times = Vec::new();
+    for i in 0..12 {
+        be.synchronize();
+        let t0 = Instant::now();
+        be.copy_row(&src, 0, n, &mut dst);
+        be.synchronize();
+        if i >= 2 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    drop((src, dst));
+    let copy_gbs = 2.0 * (n * 4) as f64 / median(times) / 1e9;
+    if let Some(e) = be.take_error() {
+        return Err(e);
+    }
+    println!("device {} | copy bandwidth {copy_gbs:.0} GB/s (read + write, 1 GiB, median of 10)\n", be.fingerprint()["device"]);
+    println!("| tensor | type | N x K | rows | kernel | µs / call | weight GB/s | of copy bw |");
+    println!("|---|---|---|---:|---|---:|---:|---:|");
+
+    let mut names: Vec<String> = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+        .iter()
+        .map(|t| format!("blk.0.{t}.weight"))
+        .collect();
+    names.push(if file.tensors.iter().any(|t| t.name == "output.weight") { "output.weight" } else { "token_embd.weight" }.into());
+    for name in names {
+        let Some(info) = file.tensors.iter().find(|t| t.name == name) else { continue };
+        let bytes = file.tensor_data(info).len();
+        let w = be.load_weight(&file, &name)?;
+        for &rows in &rows_list {
+            let mut x = be.alloc(rows * w.cols)?;
+            let host: Vec<f32> = (0..rows * w.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+            be.write(&mut x, 0, &host);
+            let mut y = be.alloc(rows * w.rows)?;
+            for _ in 0..10 {
+                be.matmul(&w, &x, rows, &mut y);
+            }
+            be.synchronize();
+            kernel_registry::configure(true, 1.0);
+            kernel_registry::registry().reset();
+            for _ in 0..iters {
+                be.matmul(&w, &x, rows, &mut y);
+            }
+            be.synchronize();
+            let snap = kernel_registry::registry().snapshot();
+            kernel_registry::configure(false, 1.0);
+            if let Some(e) = be.take_error() {
+                return Err(e);
+            }
+            // The mat-vec kernel of this call (the one launched `iters` times).
+            let Some(k) = snap
+                .iter()
+                .filter(|s| s.calls as usize >= iters && s.timed_calls > 0)
+                .max_by(|a, b| a.total_seconds.total_cmp(&b.total_seconds))
+            else {
+                continue;
+            };
+            let per_call = k.timed_seconds / k.timed_calls as f64;
+            let gbs = bytes as f64 / per_call / 1e9;
+            println!(
+                "| {name} | {} | {} x {} | {rows} | {} | {:.2} | {gbs:.0} | {:.0}% |",
+                w.ggml_type,
+                w.rows,
+                w.cols,
+                k.key.kernel,
+                per_call * 1e6,
+                100.0 * gbs / copy_gbs
+            );
+        }
+    }
+    Ok(())
+}
