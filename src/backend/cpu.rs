@@ -105,6 +105,36 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
     }
 }
 
+/// The most weight rows of one matmul work item (a 16-row block of a 2048-wide Q4_K matrix
+/// is 18 KiB: it stays in L1 while four activation rows pass over it).
+const MAX_BLOCK_ROWS: usize = 16;
+
+/// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
+/// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
+/// least `ITEMS_PER_THREAD` items per thread, so that rayon's stealing evens out the threads
+/// (an item is then at most a quarter of a thread's share), with items as large as that
+/// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MatmulSplit {
+    block_rows: usize,
+    token_rows: usize,
+}
+
+const ITEMS_PER_THREAD: usize = 4;
+
+impl MatmulSplit {
+    fn new(weight_rows: usize, tokens: usize, threads: usize) -> MatmulSplit {
+        let want = (threads * ITEMS_PER_THREAD).max(1);
+        // Weight rows first: blocks of 16 down to 4 rows until there are `want` of them.
+        let block_rows = (weight_rows.div_ceil(want).next_multiple_of(4)).clamp(4, MAX_BLOCK_ROWS);
+        let blocks = weight_rows.div_ceil(block_rows).max(1);
+        // Then tokens, when the weight blocks alone are too few.
+        let chunks = want.div_ceil(blocks).min(tokens.div_ceil(4)).max(1);
+        let token_rows = tokens.div_ceil(chunks).next_multiple_of(4).max(1);
+        MatmulSplit { block_rows, token_rows }
+    }
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -265,9 +295,11 @@ impl Backend for CpuBackend {
         let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
         let x = buf(x);
         assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
-        // Row blocks of every weight: (weight bytes, weight rows, output, first block index).
-        const BLOCK: usize = 16;
-        let block = BLOCK;
+        // Work items: a block of rows of one weight x a range of activation rows (tokens),
+        // sized so that every thread gets several items of equal work (matmul_split).
+        let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+        let split = MatmulSplit::new(total_rows, rows, self.threads);
+        let block = split.block_rows;
         let mut jobs = Vec::with_capacity(ws.len());
         let mut blocks = 0;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
@@ -276,6 +308,7 @@ impl Backend for CpuBackend {
             jobs.push((weight(w).bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
             blocks += w.rows.div_ceil(block);
         }
+        let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
         self.timed(matmul_kernel_name(t), rows, || {
             self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
@@ -286,36 +319,68 @@ impl Backend for CpuBackend {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
-                // Within a block, where the type has tile kernels (Q4_1): one weight row by four
+                // Within an item, where the type has tile kernels: one weight row by four
                 // activation rows while four are left (prefill: both sit in L1, each weight
-                // block unpacked once per four dots; the activation scales read as f32,
-                // block-major); the remaining activation rows (all of decode's one) as one
-                // matrix-vector call over the block's weight rows (four rows per tile: four
-                // independent FMA chains).
-                let q8_1_scales =
-                    (t == quant::GgmlType::Q4_1 && quant::has_dot_tile(t) && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
-                let fused_tokens = if q8_1_scales.is_some() { rows / 4 * 4 } else { 0 };
-                (0..blocks).into_par_iter().for_each(|b| {
+                // block unpacked once per four dots; for Q4_1 the activation scales read as
+                // f32, block-major), then one by the last two or three (batched decode); a
+                // single activation row (all of plain decode) as one matrix-vector call over
+                // the block's weight rows.
+                let tiles = quant::has_dot_tile(t);
+                let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
+                    let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
                     let r1 = (r0 + block).min(n);
+                    let (tok0, tok1) = (chunk * tok_chunk, ((chunk + 1) * tok_chunk).min(rows));
+                    let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
                     let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
-                    if let Some(scales) = &q8_1_scales {
-                        for tok in (0..fused_tokens).step_by(4) {
+                    let mut tok = tok0;
+                    if tiles {
+                        let mut tile_out = [[0f32; 4]; MAX_BLOCK_ROWS];
+                        while tok + 4 <= tok1 {
                             let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
-                            for r in r0..r1 {
-                                for (i, v) in quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k).into_iter().enumerate() {
-                                    store(tok + i, r, v);
+                            if let Some(scales) = &q8_1_scales {
+                                for r in r0..r1 {
+                                    tile_out[r - r0] = quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k);
+                                }
+                            } else {
+                                quant::vec_dot_rows_tile(t, w_block, act4, k, &mut tile_out[..r1 - r0]);
+                            }
+                            for (i, v) in tile_out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
                                 }
                             }
+                            tok += 4;
+                        }
+                        let rest = tok1 - tok;
+                        if rest == 3 {
+                            let mut out = [[0f32; 3]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1), act(tok + 2)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 3;
+                        } else if rest == 2 {
+                            let mut out = [[0f32; 2]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 2;
                         }
                     }
-                    let mut row_out = [0f32; BLOCK];
-                    for tok in fused_tokens..rows {
+                    let mut row_out = [0f32; MAX_BLOCK_ROWS];
+                    for tok in tok..tok1 {
                         let out = &mut row_out[..r1 - r0];
-                        quant::vec_dot_rows(t, &bytes[r0 * w_bytes..r1 * w_bytes], act(tok), k, out);
+                        quant::vec_dot_rows(t, w_block, act(tok), k, out);
                         for (i, v) in out.iter().enumerate() {
                             store(tok, r0 + i, *v);
                         }
