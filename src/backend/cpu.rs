@@ -72,7 +72,8 @@ fn weight(w: &Weight) -> &CpuWeight {
 
 impl CpuBackend {
     pub fn new(threads: usize) -> anyhow::Result<Self> {
-        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        // 0: one thread per physical core of the affinity mask (cpu_topology).
+        let threads = super::cpu_topology::CpuPlacement::detect().threads(threads);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("civetta-cpu-{i}"))
@@ -105,6 +106,12 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
     }
 }
 
+/// Element-wise ops (norms, SwiGLU, residual adds) run on one thread below this many
+/// elements (decode: a wake-up of the pool costs more than the op) and in chunks of
+/// `PARALLEL_CHUNK` over the pool above it (prefill: 64 rows x 2048 is 131k elements).
+const PARALLEL_ELEMS: usize = 32 * 1024;
+const PARALLEL_CHUNK: usize = 8 * 1024;
+
 /// The most weight rows of one matmul work item (a 16-row block of a 2048-wide Q4_K matrix
 /// is 18 KiB: it stays in L1 while four activation rows pass over it).
 const MAX_BLOCK_ROWS: usize = 16;
@@ -126,11 +133,12 @@ impl MatmulSplit {
     fn new(weight_rows: usize, tokens: usize, threads: usize) -> MatmulSplit {
         let want = (threads * ITEMS_PER_THREAD).max(1);
         // Weight rows first: blocks of 16 down to 4 rows until there are `want` of them.
-        let block_rows = (weight_rows.div_ceil(want).next_multiple_of(4)).clamp(4, MAX_BLOCK_ROWS);
+        // (Rounded down to a multiple of 4: rounding up would leave fewer items than wanted.)
+        let block_rows = (weight_rows / want / 4 * 4).clamp(4, MAX_BLOCK_ROWS);
         let blocks = weight_rows.div_ceil(block_rows).max(1);
         // Then tokens, when the weight blocks alone are too few.
         let chunks = want.div_ceil(blocks).min(tokens.div_ceil(4)).max(1);
-        let token_rows = tokens.div_ceil(chunks).next_multiple_of(4).max(1);
+        let token_rows = if chunks == 1 { tokens.max(1) } else { (tokens / chunks / 4 * 4).max(4) };
         MatmulSplit { block_rows, token_rows }
     }
 }
@@ -254,8 +262,12 @@ impl Backend for CpuBackend {
         let o = buf_mut(out);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            for r in 0..rows {
-                rmsnorm_row(&x[r * dim..(r + 1) * dim], &wv, eps, &mut o[r * dim..(r + 1) * dim]);
+            let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
+            let (x, o) = (&x[..rows * dim], &mut o[..rows * dim]);
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks(dim).zip(o.par_chunks_mut(dim)).for_each(norm));
+            } else {
+                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(norm);
             }
         })
     }
@@ -264,12 +276,17 @@ impl Backend for CpuBackend {
         let x = buf_mut(x);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            for r in 0..rows {
-                let row = &mut x[r * dim..(r + 1) * dim];
+            let norm = |row: &mut [f32]| {
                 let scale = rms_scale(row, eps);
                 for (v, g) in row.iter_mut().zip(wv.iter()) {
                     *v = *v * scale * g;
                 }
+            };
+            let x = &mut x[..rows * dim];
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks_mut(dim).for_each(norm));
+            } else {
+                x.chunks_mut(dim).for_each(norm);
             }
         })
     }
@@ -506,7 +523,16 @@ impl Backend for CpuBackend {
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
         let g = buf_mut(gate);
         let u = buf(up);
-        self.timed("silu_mul", 1, || silu::swiglu(&mut g[..n], &u[..n]))
+        self.timed("silu_mul", 1, || {
+            let (g, u) = (&mut g[..n], &u[..n]);
+            if n >= PARALLEL_ELEMS {
+                // Chunks of a multiple of 16 elements: the same vector lanes as one call.
+                self.pool
+                    .install(|| g.par_chunks_mut(PARALLEL_CHUNK).zip(u.par_chunks(PARALLEL_CHUNK)).for_each(|(g, u)| silu::swiglu(g, u)));
+            } else {
+                silu::swiglu(g, u);
+            }
+        })
     }
 
     fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
@@ -524,8 +550,11 @@ impl Backend for CpuBackend {
         let xs = buf_mut(x);
         let ys = buf(y);
         self.timed("add", 1, || {
-            for (a, b) in xs[..n].iter_mut().zip(&ys[..n]) {
-                *a += b;
+            let add = |(xs, ys): (&mut [f32], &[f32])| xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
+            if n >= PARALLEL_ELEMS {
+                self.pool.install(|| xs[..n].par_chunks_mut(PARALLEL_CHUNK).zip(ys[..n].par_chunks(PARALLEL_CHUNK)).for_each(add));
+            } else {
+                add((&mut xs[..n], &ys[..n]));
             }
         })
     }
@@ -1202,5 +1231,32 @@ mod attention_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::{MatmulSplit, MAX_BLOCK_ROWS};
+
+    #[test]
+    fn matmul_split_gives_every_thread_several_items_and_covers_everything() {
+        for threads in [1, 2, 4, 8, 16] {
+            for weight_rows in [1, 5, 64, 192, 576, 960, 3072, 32000] {
+                for tokens in [1, 2, 3, 4, 7, 64, 512] {
+                    let s = MatmulSplit::new(weight_rows, tokens, threads);
+                    assert!(s.block_rows >= 4 && s.block_rows <= MAX_BLOCK_ROWS && s.block_rows % 4 == 0, "{s:?}");
+                    assert!(s.token_rows >= 1 && (s.token_rows % 4 == 0 || s.token_rows >= tokens), "{s:?}");
+                    let items = weight_rows.div_ceil(s.block_rows) * tokens.div_ceil(s.token_rows);
+                    // Enough items for 4 per thread whenever the matrix can be cut that fine.
+                    let finest = weight_rows.div_ceil(4) * tokens.div_ceil(4);
+                    assert!(items >= (4 * threads).min(finest), "{threads} threads, {weight_rows} x {tokens}: {s:?} gives {items} items");
+                }
+            }
+        }
+        // Decode on 2 threads keeps 16-row blocks on large matrices; prefill on 16 threads of a
+        // SmolLM2-sized q/k/v cuts tokens too.
+        assert_eq!(MatmulSplit::new(3072, 1, 2), MatmulSplit { block_rows: 16, token_rows: 1 });
+        let s = MatmulSplit::new(960, 64, 16);
+        assert!(960usize.div_ceil(s.block_rows) * 64usize.div_ceil(s.token_rows) >= 64, "{s:?}");
     }
 }
