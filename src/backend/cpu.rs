@@ -72,7 +72,8 @@ fn weight(w: &Weight) -> &CpuWeight {
 
 impl CpuBackend {
     pub fn new(threads: usize) -> anyhow::Result<Self> {
-        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        // 0: one thread per physical core of the affinity mask (cpu_topology).
+        let threads = super::cpu_topology::CpuPlacement::detect().threads(threads);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("civetta-cpu-{i}"))
@@ -103,6 +104,43 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
         GgmlType::Q6_K => "matmul_q6_k",
         GgmlType::MXFP4 => "matmul_mxfp4",
         _ => "matmul_other",
+    }
+}
+
+/// Element-wise ops (norms, SwiGLU, residual adds) run on one thread below this many
+/// elements (decode: a wake-up of the pool costs more than the op) and in chunks of
+/// `PARALLEL_CHUNK` over the pool above it (prefill: 64 rows x 2048 is 131k elements).
+const PARALLEL_ELEMS: usize = 32 * 1024;
+const PARALLEL_CHUNK: usize = 8 * 1024;
+
+/// The most weight rows of one matmul work item (a 16-row block of a 2048-wide Q4_K matrix
+/// is 18 KiB: it stays in L1 while four activation rows pass over it).
+const MAX_BLOCK_ROWS: usize = 16;
+
+/// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
+/// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
+/// least `ITEMS_PER_THREAD` items per thread, so that rayon's stealing evens out the threads
+/// (an item is then at most a quarter of a thread's share), with items as large as that
+/// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MatmulSplit {
+    block_rows: usize,
+    token_rows: usize,
+}
+
+const ITEMS_PER_THREAD: usize = 4;
+
+impl MatmulSplit {
+    fn new(weight_rows: usize, tokens: usize, threads: usize) -> MatmulSplit {
+        let want = (threads * ITEMS_PER_THREAD).max(1);
+        // Weight rows first: blocks of 16 down to 4 rows until there are `want` of them.
+        // (Rounded down to a multiple of 4: rounding up would leave fewer items than wanted.)
+        let block_rows = (weight_rows / want / 4 * 4).clamp(4, MAX_BLOCK_ROWS);
+        let blocks = weight_rows.div_ceil(block_rows).max(1);
+        // Then tokens, when the weight blocks alone are too few.
+        let chunks = want.div_ceil(blocks).min(tokens.div_ceil(4)).max(1);
+        let token_rows = if chunks == 1 { tokens.max(1) } else { (tokens / chunks / 4 * 4).max(4) };
+        MatmulSplit { block_rows, token_rows }
     }
 }
 
@@ -225,8 +263,12 @@ impl Backend for CpuBackend {
         let o = buf_mut(out);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            for r in 0..rows {
-                rmsnorm_row(&x[r * dim..(r + 1) * dim], &wv, eps, &mut o[r * dim..(r + 1) * dim]);
+            let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
+            let (x, o) = (&x[..rows * dim], &mut o[..rows * dim]);
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks(dim).zip(o.par_chunks_mut(dim)).for_each(norm));
+            } else {
+                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(norm);
             }
         })
     }
@@ -235,12 +277,17 @@ impl Backend for CpuBackend {
         let x = buf_mut(x);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            for r in 0..rows {
-                let row = &mut x[r * dim..(r + 1) * dim];
+            let norm = |row: &mut [f32]| {
                 let scale = rms_scale(row, eps);
                 for (v, g) in row.iter_mut().zip(wv.iter()) {
                     *v = *v * scale * g;
                 }
+            };
+            let x = &mut x[..rows * dim];
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks_mut(dim).for_each(norm));
+            } else {
+                x.chunks_mut(dim).for_each(norm);
             }
         })
     }
@@ -266,9 +313,11 @@ impl Backend for CpuBackend {
         let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
         let x = buf(x);
         assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
-        // Row blocks of every weight: (weight bytes, weight rows, output, first block index).
-        const BLOCK: usize = 16;
-        let block = BLOCK;
+        // Work items: a block of rows of one weight x a range of activation rows (tokens),
+        // sized so that every thread gets several items of equal work (matmul_split).
+        let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+        let split = MatmulSplit::new(total_rows, rows, self.threads);
+        let block = split.block_rows;
         let mut jobs = Vec::with_capacity(ws.len());
         let mut blocks = 0;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
@@ -277,6 +326,7 @@ impl Backend for CpuBackend {
             jobs.push((weight(w).bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
             blocks += w.rows.div_ceil(block);
         }
+        let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
         self.timed(matmul_kernel_name(t), rows, || {
             self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
@@ -287,36 +337,68 @@ impl Backend for CpuBackend {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
-                // Within a block, where the type has tile kernels (Q4_1): one weight row by four
+                // Within an item, where the type has tile kernels: one weight row by four
                 // activation rows while four are left (prefill: both sit in L1, each weight
-                // block unpacked once per four dots; the activation scales read as f32,
-                // block-major); the remaining activation rows (all of decode's one) as one
-                // matrix-vector call over the block's weight rows (four rows per tile: four
-                // independent FMA chains).
-                let q8_1_scales =
-                    (t == quant::GgmlType::Q4_1 && quant::has_dot_tile(t) && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
-                let fused_tokens = if q8_1_scales.is_some() { rows / 4 * 4 } else { 0 };
-                (0..blocks).into_par_iter().for_each(|b| {
+                // block unpacked once per four dots; for Q4_1 the activation scales read as
+                // f32, block-major), then one by the last two or three (batched decode); a
+                // single activation row (all of plain decode) as one matrix-vector call over
+                // the block's weight rows.
+                let tiles = quant::has_dot_tile(t);
+                let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
+                    let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
                     let r1 = (r0 + block).min(n);
+                    let (tok0, tok1) = (chunk * tok_chunk, ((chunk + 1) * tok_chunk).min(rows));
+                    let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
                     let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
-                    if let Some(scales) = &q8_1_scales {
-                        for tok in (0..fused_tokens).step_by(4) {
+                    let mut tok = tok0;
+                    if tiles {
+                        let mut tile_out = [[0f32; 4]; MAX_BLOCK_ROWS];
+                        while tok + 4 <= tok1 {
                             let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
-                            for r in r0..r1 {
-                                for (i, v) in quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k).into_iter().enumerate() {
-                                    store(tok + i, r, v);
+                            if let Some(scales) = &q8_1_scales {
+                                for r in r0..r1 {
+                                    tile_out[r - r0] = quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k);
+                                }
+                            } else {
+                                quant::vec_dot_rows_tile(t, w_block, act4, k, &mut tile_out[..r1 - r0]);
+                            }
+                            for (i, v) in tile_out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
                                 }
                             }
+                            tok += 4;
+                        }
+                        let rest = tok1 - tok;
+                        if rest == 3 {
+                            let mut out = [[0f32; 3]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1), act(tok + 2)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 3;
+                        } else if rest == 2 {
+                            let mut out = [[0f32; 2]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 2;
                         }
                     }
-                    let mut row_out = [0f32; BLOCK];
-                    for tok in fused_tokens..rows {
+                    let mut row_out = [0f32; MAX_BLOCK_ROWS];
+                    for tok in tok..tok1 {
                         let out = &mut row_out[..r1 - r0];
-                        quant::vec_dot_rows(t, &bytes[r0 * w_bytes..r1 * w_bytes], act(tok), k, out);
+                        quant::vec_dot_rows(t, w_block, act(tok), k, out);
                         for (i, v) in out.iter().enumerate() {
                             store(tok, r0 + i, *v);
                         }
@@ -455,7 +537,16 @@ impl Backend for CpuBackend {
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
         let g = buf_mut(gate);
         let u = buf(up);
-        self.timed("silu_mul", 1, || silu::swiglu(&mut g[..n], &u[..n]))
+        self.timed("silu_mul", 1, || {
+            let (g, u) = (&mut g[..n], &u[..n]);
+            if n >= PARALLEL_ELEMS {
+                // Chunks of a multiple of 16 elements: the same vector lanes as one call.
+                self.pool
+                    .install(|| g.par_chunks_mut(PARALLEL_CHUNK).zip(u.par_chunks(PARALLEL_CHUNK)).for_each(|(g, u)| silu::swiglu(g, u)));
+            } else {
+                silu::swiglu(g, u);
+            }
+        })
     }
 
     fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
@@ -473,8 +564,11 @@ impl Backend for CpuBackend {
         let xs = buf_mut(x);
         let ys = buf(y);
         self.timed("add", 1, || {
-            for (a, b) in xs[..n].iter_mut().zip(&ys[..n]) {
-                *a += b;
+            let add = |(xs, ys): (&mut [f32], &[f32])| xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
+            if n >= PARALLEL_ELEMS {
+                self.pool.install(|| xs[..n].par_chunks_mut(PARALLEL_CHUNK).zip(ys[..n].par_chunks(PARALLEL_CHUNK)).for_each(add));
+            } else {
+                add((&mut xs[..n], &ys[..n]));
             }
         })
     }
@@ -1282,5 +1376,32 @@ mod attention_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::{MatmulSplit, MAX_BLOCK_ROWS};
+
+    #[test]
+    fn matmul_split_gives_every_thread_several_items_and_covers_everything() {
+        for threads in [1, 2, 4, 8, 16] {
+            for weight_rows in [1, 5, 64, 192, 576, 960, 3072, 32000] {
+                for tokens in [1, 2, 3, 4, 7, 64, 512] {
+                    let s = MatmulSplit::new(weight_rows, tokens, threads);
+                    assert!(s.block_rows >= 4 && s.block_rows <= MAX_BLOCK_ROWS && s.block_rows % 4 == 0, "{s:?}");
+                    assert!(s.token_rows >= 1 && (s.token_rows % 4 == 0 || s.token_rows >= tokens), "{s:?}");
+                    let items = weight_rows.div_ceil(s.block_rows) * tokens.div_ceil(s.token_rows);
+                    // Enough items for 4 per thread whenever the matrix can be cut that fine.
+                    let finest = weight_rows.div_ceil(4) * tokens.div_ceil(4);
+                    assert!(items >= (4 * threads).min(finest), "{threads} threads, {weight_rows} x {tokens}: {s:?} gives {items} items");
+                }
+            }
+        }
+        // Decode on 2 threads keeps 16-row blocks on large matrices; prefill on 16 threads of a
+        // SmolLM2-sized q/k/v cuts tokens too.
+        assert_eq!(MatmulSplit::new(3072, 1, 2), MatmulSplit { block_rows: 16, token_rows: 1 });
+        let s = MatmulSplit::new(960, 64, 16);
+        assert!(960usize.div_ceil(s.block_rows) * 64usize.div_ceil(s.token_rows) >= 64, "{s:?}");
     }
 }

@@ -5,6 +5,7 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
+pub mod cpu_topology;
 pub mod geglu;
 pub mod gpu;
 

@@ -32,7 +32,7 @@ pub struct BenchArgs {
     /// Unmeasured warm-up runs per test.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// CPU threads (0 = all cores).
+    /// CPU threads (0 = one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     #[command(flatten)]

@@ -55,7 +55,11 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         bail!("the model's context ({}) is shorter than the benchmark needs ({need_ctx})", engine.context_length());
     }
     let ids = filler_tokens(&engine, need_ctx);
-    let threads = if plan.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { plan.threads };
+    let placement = crate::backend::cpu_topology::CpuPlacement::detect();
+    let threads = placement.threads(plan.threads);
+    if engine.model().backend().name() == "cpu" {
+        eprintln!("civetta bench: cpu backend, {}", placement.describe(threads));
+    }
 
     let mut tests = Vec::new();
     let total_runs = (plan.pp.len() + plan.tg.len() * plan.depths.len().max(1)) * (plan.repetitions + plan.warmup);

@@ -233,7 +233,32 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
     }
 }
 
-/// Whether this type has tile kernels on this CPU (`vec_dot_rows` and `vec_dot_q4_1_x4` use them).
+/// out[r][t] = `vec_dot(weight, row r of w_rows, act_rows[t], n)` for the `out.len()`
+/// consecutive weight rows in `w_rows` against T activation rows, bit for bit, through the
+/// 1 x T tile kernels (the prefill GEMM's and batched decode's inner step: each weight block
+/// unpacked once per T dots); one length check for the whole range, weight rows prefetched
+/// `PREFETCH_ROWS` ahead like `vec_dot_rows`. Call only where `has_dot_tile(weight)`.
+pub fn vec_dot_rows_tile<const T: usize>(weight: GgmlType, w_rows: &[u8], act_rows: [&[u8]; T], n: usize, out: &mut [[f32; T]]) {
+    assert!(has_dot_tile(weight), "no {weight} tile kernel on this CPU");
+    let row_bytes = weight.row_bytes(n).unwrap_or(0);
+    assert!(w_rows.len() == out.len() * row_bytes, "vec_dot_rows_tile({weight}, n={n}): {} bytes for {} rows", w_rows.len(), out.len());
+    if out.is_empty() {
+        return;
+    }
+    for a in act_rows {
+        check_dot_args(weight, &w_rows[..row_bytes], a, n);
+    }
+    let level = simd::level();
+    let ahead = simd::PREFETCH_ROWS * row_bytes;
+    for (o, w) in out.iter_mut().zip(w_rows.chunks_exact(row_bytes)) {
+        simd::prefetch(w.as_ptr().wrapping_add(ahead), row_bytes);
+        let [v] = simd::dot_tile_at::<1, T>(level, weight, [w], act_rows, n);
+        *o = v;
+    }
+}
+
+/// Whether this type has tile kernels on this CPU (`vec_dot_rows_tile`, `vec_dot_q4_1_x4`,
+/// and for Q4_1 `vec_dot_rows`).
 pub fn has_dot_tile(weight: GgmlType) -> bool {
     simd::has_tile(simd::level(), weight)
 }

@@ -488,43 +488,88 @@ fn print_roundtrip_errors() {
     }
 }
 
+/// Asserts that every entry of an R x T tile is bit for bit the single dot of its row and
+/// activation at `level`.
+fn assert_tile_is_single_dots<const R: usize, const T: usize>(level: SimdLevel, t: GgmlType, w: &[&[u8]], a: &[&[u8]], n: usize) -> bool {
+    let Some(tile) = super::vec_dot_tile_at::<R, T>(level, t, std::array::from_fn(|r| w[r]), std::array::from_fn(|j| a[j]), n) else {
+        return false;
+    };
+    for r in 0..R {
+        for j in 0..T {
+            let want = vec_dot_at(level, t, w[r], a[j], n).unwrap();
+            assert_eq!(tile[r][j].to_bits(), want.to_bits(), "{t} {level:?} n={n} {R}x{T} tile [{r}][{j}]: {} vs {want}", tile[r][j]);
+        }
+    }
+    true
+}
+
 #[test]
 fn dot_tiles_equal_single_dots_bit_for_bit() {
-    // The GEMM's tile kernels (1 x 4 in prefill, 4 x 1 in decode) must give exactly what single
-    // vec_dot calls give at every SIMD level (greedy parity with llama.cpp and bit-exact bench
-    // hashes depend on it).
+    // The GEMM's tile kernels (1 x T in prefill and batched decode, 4 x 1 in decode) must give
+    // exactly what single vec_dot calls give at every SIMD level (greedy parity with llama.cpp
+    // and bit-exact bench hashes depend on it). Odd block counts cover the AVX-512 kernels'
+    // unpaired last block; unaligned rows come from the 1-byte shifted copies.
     let mut r = ChaCha8Rng::seed_from_u64(11);
-    let mut tiles_run = 0;
+    let mut tiled = std::collections::BTreeSet::new();
     for t in TYPES {
         for level in SimdLevel::ALL.into_iter().filter(|l| *l != SimdLevel::Scalar && l.available()) {
-            for blocks in [1usize, 2, 3, 18, 48] {
+            for blocks in [1usize, 2, 3, 7, 18, 48] {
                 let n = t.block_size().max(act_format(t).block_size()) * blocks;
-                let w: Vec<Vec<u8>> = (0..4).map(|_| random_weight_row(t, n, &mut r)).collect();
-                let a: Vec<Vec<u8>> = (0..4).map(|_| quantize_act(act_format(t), &data(r.gen(), n))).collect();
-                let Some([row]) = super::vec_dot_tile_at::<1, 4>(level, t, [&w[0]], [&a[0], &a[1], &a[2], &a[3]], n) else {
-                    continue;
+                let shifted = |row: Vec<u8>| {
+                    let mut v = vec![0u8; row.len() + 1];
+                    v[1..].copy_from_slice(&row);
+                    v
                 };
-                let col = super::vec_dot_tile_at::<4, 1>(level, t, [&w[0], &w[1], &w[2], &w[3]], [&a[0]], n).unwrap();
+                let w1: Vec<Vec<u8>> = (0..4).map(|_| shifted(random_weight_row(t, n, &mut r))).collect();
+                let a1: Vec<Vec<u8>> = (0..4).map(|_| shifted(quantize_act(act_format(t), &data(r.gen(), n)))).collect();
+                let w_owned: Vec<Vec<u8>> = w1.iter().map(|v| v[1..].to_vec()).collect();
+                let a_owned: Vec<Vec<u8>> = a1.iter().map(|v| v[1..].to_vec()).collect();
+                let (w, a): (Vec<&[u8]>, Vec<&[u8]>) = (w_owned.iter().map(|v| &v[..]).collect(), a_owned.iter().map(|v| &v[..]).collect());
+                if !assert_tile_is_single_dots::<1, 4>(level, t, &w, &a, n) {
+                    continue;
+                }
+                assert_tile_is_single_dots::<4, 1>(level, t, &w, &a, n);
+                assert_tile_is_single_dots::<1, 3>(level, t, &w, &a, n);
+                assert_tile_is_single_dots::<1, 2>(level, t, &w, &a, n);
+                assert_tile_is_single_dots::<2, 3>(level, t, &w, &a, n);
+                // Rows at odd addresses.
+                let (w_odd, a_odd): (Vec<&[u8]>, Vec<&[u8]>) = (w1.iter().map(|v| &v[1..]).collect(), a1.iter().map(|v| &v[1..]).collect());
+                assert_tile_is_single_dots::<3, 2>(level, t, &w_odd, &a_odd, n);
                 // The prefill form with block-major f32 scales, on rows 1..5 of a 6-row matrix.
-                let scaled = (t == GgmlType::Q4_1 && super::has_dot_tile(t)).then(|| {
+                if t == GgmlType::Q4_1 && level == simd::level() {
                     let matrix: Vec<u8> = [3, 0, 1, 2, 3, 1].iter().flat_map(|&i| a[i].iter().copied()).collect();
                     let scales = super::Q8_1Scales::new(&matrix, 6, n);
-                    super::vec_dot_q4_1_x4(&w[0], [&a[0], &a[1], &a[2], &a[3]], &scales, 1, n)
-                });
-                for i in 0..4 {
-                    let want = vec_dot_at(level, t, &w[0], &a[i], n).unwrap();
-                    assert_eq!(row[i].to_bits(), want.to_bits(), "{t} {level:?} n={n} 1x4 act {i}: {} vs {want}", row[i]);
-                    if let Some(scaled) = scaled {
+                    let scaled = super::vec_dot_q4_1_x4(w[0], [a[0], a[1], a[2], a[3]], &scales, 1, n);
+                    for i in 0..4 {
+                        let want = vec_dot_at(level, t, w[0], a[i], n).unwrap();
                         assert_eq!(scaled[i].to_bits(), want.to_bits(), "{t} n={n} scaled 1x4 act {i}: {} vs {want}", scaled[i]);
                     }
-                    let want = vec_dot_at(level, t, &w[i], &a[0], n).unwrap();
-                    assert_eq!(col[i][0].to_bits(), want.to_bits(), "{t} {level:?} n={n} 4x1 row {i}: {} vs {want}", col[i][0]);
                 }
-                tiles_run += 1;
+                // The matmul's entry: consecutive weight rows (an odd count) against 3 rows.
+                if level == simd::level() {
+                    let rows: Vec<u8> = [0, 1, 2, 3, 1].iter().flat_map(|&i| w[i].iter().copied()).collect();
+                    let mut out = [[0f32; 3]; 5];
+                    super::vec_dot_rows_tile(t, &rows, [&a1[0][1..], &a1[1][1..], &a1[2][1..]], n, &mut out);
+                    for (o, &i) in out.iter().zip(&[0, 1, 2, 3, 1]) {
+                        for j in 0..3 {
+                            let want = vec_dot(t, w[i], a[j], n);
+                            assert_eq!(o[j].to_bits(), want.to_bits(), "{t} n={n} vec_dot_rows_tile row {i} act {j}");
+                        }
+                    }
+                }
+                tiled.insert(format!("{t}@{}", level.name()));
             }
         }
     }
+    eprintln!("tile kernels checked: {tiled:?}");
     if SimdLevel::Avx2.available() {
-        assert!(tiles_run > 0, "an AVX2 CPU has the Q4_1 tile kernel");
+        for t in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            assert!(tiled.contains(&format!("{t}@avx2")), "an AVX2 CPU has the {t} tile kernel");
+        }
+    }
+    if SimdLevel::Avx512Vnni.available() {
+        for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            assert!(tiled.contains(&format!("{t}@avx512vnni")), "an AVX-512 VNNI CPU has the {t} tile kernel");
+        }
     }
 }

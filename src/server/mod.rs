@@ -50,7 +50,7 @@ pub struct ServeArgs {
     /// OpenAI-compatible HTTP API listen address; port 0 picks a free port, "" disables it.
     #[arg(long, value_name = "ADDR")]
     pub http_addr: Option<String>,
-    /// CPU threads (0 = all cores).
+    /// CPU threads (0 = one per physical core).
     #[arg(short, long)]
     pub threads: Option<usize>,
     /// Sequences decoded concurrently.

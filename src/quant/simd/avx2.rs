@@ -9,6 +9,8 @@ use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_
 use super::GgmlType;
 use std::arch::x86_64::*;
 
+pub(super) mod tiles;
+
 /// # Safety
 /// The CPU must support avx2, fma and f16c; the rows must hold n elements.
 #[target_feature(enable = "avx2,fma,f16c")]

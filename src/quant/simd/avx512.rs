@@ -15,6 +15,8 @@ use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
 
+pub(super) mod tiles;
+
 /// # Safety
 /// The CPU must support avx512f/bw/vl/vnni, avx2, fma and f16c; the rows must hold n elements.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -261,6 +263,34 @@ unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     hsum512(acc) - hsum256(acc_min)
 }
 
+/// i16 lane l of Q6_K chunk k takes the scale of group 4k + l/8.
+#[inline(always)]
+unsafe fn q6_k_scale_index(k: i16) -> __m512i {
+    let base = _mm512_set1_epi16(4 * k);
+    let step = _mm512_srli_epi16(
+        _mm512_setr_epi32(
+            0x0001_0000,
+            0x0003_0002,
+            0x0005_0004,
+            0x0007_0006,
+            0x0009_0008,
+            0x000b_000a,
+            0x000d_000c,
+            0x000f_000e,
+            0x0011_0010,
+            0x0013_0012,
+            0x0015_0014,
+            0x0017_0016,
+            0x0019_0018,
+            0x001b_001a,
+            0x001d_001c,
+            0x001f_001e,
+        ),
+        3,
+    );
+    _mm512_add_epi16(base, step)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
@@ -270,33 +300,7 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // 64..95 as is, 96..127 >>2 (16-bit lanes; the 0x30 mask drops what crosses bytes).
     let sh_lo = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
     let sh_hi = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_setzero_si512(), _mm512_set1_epi16(2));
-    // i16 lane l of chunk k takes the scale of group 4k + l/8.
-    let idx = |k: i16| {
-        let base = _mm512_set1_epi16(4 * k);
-        let step = _mm512_srli_epi16(
-            _mm512_setr_epi32(
-                0x0001_0000,
-                0x0003_0002,
-                0x0005_0004,
-                0x0007_0006,
-                0x0009_0008,
-                0x000b_000a,
-                0x000d_000c,
-                0x000f_000e,
-                0x0011_0010,
-                0x0013_0012,
-                0x0015_0014,
-                0x0017_0016,
-                0x0019_0018,
-                0x001b_001a,
-                0x001d_001c,
-                0x001f_001e,
-            ),
-            3,
-        );
-        _mm512_add_epi16(base, step)
-    };
-    let idxs = [idx(0), idx(1), idx(2), idx(3)];
+    let idxs = [q6_k_scale_index(0), q6_k_scale_index(1), q6_k_scale_index(2), q6_k_scale_index(3)];
     let mut acc = _mm512_setzero_ps();
     for i in 0..n / 256 {
         let bw = wp.add(i * Q6_K_BYTES);

@@ -104,11 +104,13 @@ pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize
     dot_scalar(t, w, a, n)
 }
 
-/// Whether `dot_tile_at` has a fused kernel for this type at this level (Q4_1 from AVX2 up;
-/// the AVX-512 level runs the AVX2 tile, whose integer sums and float order equal its own
-/// `dot_q4_1`).
+/// Whether `dot_tile_at` has a fused kernel for this type at this level: from AVX2 up for
+/// Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K. Each level's tile reproduces that level's
+/// single dot (the AVX-512 level runs the AVX2 tiles where its single dot is the AVX2 one:
+/// Q5_0, and Q4_1 whose AVX2 integer sums and float order equal its own `dot_q4_1`).
 pub(crate) fn has_tile(level: SimdLevel, t: GgmlType) -> bool {
-    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && t == GgmlType::Q4_1
+    use GgmlType::*;
+    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && matches!(t, Q4_1 | Q8_0 | Q4_0 | Q5_0 | Q4_K | Q5_K | Q6_K)
 }
 
 /// R weight rows against T activation rows, out[r][t] bit-identical to `dot_at` of row r and
@@ -124,9 +126,27 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
     assert!(has_tile(level, t), "no {t} tile kernel at {level:?}");
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX2/FMA/F16C are part of every level from Avx2 up (available, checked by
-        // the caller), and the rows hold n elements (checked by the caller).
-        unsafe { avx2::dot_q4_1_tile::<R, T>(w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()), n / 32, 0) }
+        let (w, a) = (w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()));
+        let (nb, nsb) = (n / legacy::QK, n / k_quants::QK_K);
+        // SAFETY: the level is available on this CPU (AVX2/FMA/F16C are part of every level
+        // from Avx2 up) and the rows hold n elements (both checked by the caller).
+        unsafe {
+            match (level, t) {
+                (_, GgmlType::Q4_1) => avx2::dot_q4_1_tile::<R, T>(w, a, nb, 0),
+                (_, GgmlType::Q5_0) => avx2::tiles::dot_q5_0_tile::<R, T>(w, a, nb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q8_0) => avx512::tiles::dot_q8_0_tile::<R, T>(w, a, nb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q4_0) => avx512::tiles::dot_q4_0_tile::<R, T>(w, a, nb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q4_K) => avx512::tiles::dot_q4_k_tile::<R, T>(w, a, nsb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q5_K) => avx512::tiles::dot_q5_k_tile::<R, T>(w, a, nsb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q6_K) => avx512::tiles::dot_q6_k_tile::<R, T>(w, a, nsb),
+                (_, GgmlType::Q8_0) => avx2::tiles::dot_q8_0_tile::<R, T>(w, a, nb),
+                (_, GgmlType::Q4_0) => avx2::tiles::dot_q4_0_tile::<R, T>(w, a, nb),
+                (_, GgmlType::Q4_K) => avx2::tiles::dot_q4_k_tile::<R, T>(w, a, nsb),
+                (_, GgmlType::Q5_K) => avx2::tiles::dot_q5_k_tile::<R, T>(w, a, nsb),
+                (_, GgmlType::Q6_K) => avx2::tiles::dot_q6_k_tile::<R, T>(w, a, nsb),
+                _ => unreachable!("has_tile lists the tiled types"),
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("has_tile is false off x86-64")
