@@ -727,7 +727,16 @@ impl<A: GpuApi> GpuBackend<A> {
     /// share the input: `parts` are (raw blocks, output, rows of the matrix). `up` != 0 makes
     /// the input silu(x) * up; `accumulate` adds to the outputs.
     #[allow(clippy::too_many_arguments)]
-    fn matvec(&self, name: &'static str, parts: &[(DevicePtr, DevicePtr, usize)], x: DevicePtr, up: DevicePtr, k: usize, rows: usize, accumulate: bool) {
+    fn matvec(
+        &self,
+        name: &'static str,
+        parts: &[(DevicePtr, DevicePtr, usize)],
+        x: DevicePtr,
+        up: DevicePtr,
+        k: usize,
+        rows: usize,
+        accumulate: bool,
+    ) {
         debug_assert!((1..=3).contains(&parts.len()) && rows <= MATVEC_MAX_ROWS);
         // One row: the plain build; more: the _x4 build (4 activation rows per weight read).
         let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
