@@ -238,7 +238,8 @@ fn kv_cache_larger_than_memory_is_refused_at_start() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one clear line, got: {err}");
     assert!(err.starts_with("civetta: error: not enough memory for the KV cache"), "{err}");
-    assert!(err.contains("100000000 active sequences x 2048 tokens") && err.contains("GiB available"), "{err}");
+    // The pool defaults to max_active x context (engine.kv_cache_bytes = 0): 10^8 x 2048 / 16.
+    assert!(err.contains("12800000000 blocks of 16 tokens") && err.contains("GiB available"), "{err}");
     assert!(!err.contains("panicked") && !err.contains("listening"), "{err}");
 }
 
