@@ -1389,8 +1389,8 @@ mod split_tests {
             for weight_rows in [1, 5, 64, 192, 576, 960, 3072, 32000] {
                 for tokens in [1, 2, 3, 4, 7, 64, 512] {
                     let s = MatmulSplit::new(weight_rows, tokens, threads);
-                    assert!(s.block_rows >= 4 && s.block_rows <= MAX_BLOCK_ROWS && s.block_rows % 4 == 0, "{s:?}");
-                    assert!(s.token_rows >= 1 && (s.token_rows % 4 == 0 || s.token_rows >= tokens), "{s:?}");
+                    assert!(s.block_rows >= 4 && s.block_rows <= MAX_BLOCK_ROWS && s.block_rows.is_multiple_of(4), "{s:?}");
+                    assert!(s.token_rows >= 1 && (s.token_rows.is_multiple_of(4) || s.token_rows >= tokens), "{s:?}");
                     let items = weight_rows.div_ceil(s.block_rows) * tokens.div_ceil(s.token_rows);
                     // Enough items for 4 per thread whenever the matrix can be cut that fine.
                     let finest = weight_rows.div_ceil(4) * tokens.div_ceil(4);

@@ -14,6 +14,7 @@ use super::*;
 /// `prep` unpacks a weight block pair (from its two quant pointers), `prod` gives the i32
 /// lane sums of (prepared weights, activation quants).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the format's sizes and three kernel pieces
 unsafe fn pairs_tile<const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
