@@ -10,23 +10,7 @@ use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, 
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
 use std::path::Path;
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(salt * 977) >> 7) % (vocab as u32 - 2) + 1).collect()
-}
+use common::{argmax, bits, prompt};
 
 /// The solo run: the whole prompt in one call, then one decode call per token (greedy).
 /// Returns the logits each sampled token was taken from.

@@ -15,23 +15,7 @@ use civetta::engine::{
 use civetta::model::{self, KvCache, Logits, Model};
 use std::path::Path;
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(salt * 977) >> 7) % (vocab as u32 - 2) + 1).collect()
-}
+use common::{argmax, bits, prompt};
 
 /// Prefills `prompt[cache.len..]` in chunks of `chunk`, then decodes greedily; returns the
 /// logits each new token was taken from (`new_tokens` of them).

@@ -99,6 +99,7 @@ pub(crate) mod x86 {
     #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
     use super::{block_dot, e8m0_to_f32_half, KVALUES, MXFP4_BYTES, QK_MXFP4};
     use crate::quant::legacy::Q8_0_BYTES;
+    use crate::quant::simd::hsum256;
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -110,14 +111,6 @@ pub(crate) mod x86 {
     #[inline(always)]
     unsafe fn scale(bw: *const u8, ba: *const u8) -> f32 {
         f16c(ba) * e8m0_to_f32_half(*bw)
-    }
-
-    #[inline(always)]
-    unsafe fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     /// The 32 doubled E2M1 values (i8) of the block whose nibbles start at p, in element order.

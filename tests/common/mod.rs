@@ -62,3 +62,24 @@ pub fn real_model(script: &str, rel: &str) -> PathBuf {
     }
     path
 }
+
+/// Index of the largest logit (the first one on ties), as greedy sampling picks it.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The bit patterns of a logits vector, for bit-for-bit comparisons with readable diffs.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A deterministic pseudo-random prompt of `len` ids in 1..vocab-1, varied by `salt`.
+pub fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(salt * 977) >> 7) % (vocab as u32 - 2) + 1).collect()
+}

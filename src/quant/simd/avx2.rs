@@ -69,7 +69,7 @@ unsafe fn widen(v: __m256i) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -6,6 +6,9 @@ use once_cell::sync::Lazy;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+/// The horizontal f32 sum of one AVX register, for kernels outside this module (MXFP4).
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::hsum256;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
