@@ -70,7 +70,7 @@ fn check_model(path: &Path, vocab: usize) {
     // The block manager: a first request fills and keys its blocks, a second one with the
     // same 48-token prefix and another tail reuses three of them.
     let mut kv = BlockManager::new(model.new_kv_pool(16, bs).unwrap());
-    let first = kv.allocate(&p, p.len() + new_tokens).unwrap();
+    let first = kv.allocate(&p, p.len() + new_tokens, 0).unwrap();
     assert_eq!(first.cached_tokens, 0);
     let mut c1 = first.cache;
     run(&model, Some(kv.pool_mut()), &mut c1, &p, 64, new_tokens);
@@ -81,7 +81,7 @@ fn check_model(path: &Path, vocab: usize) {
     q.extend(prompt(9, 77, vocab));
     let mut q_cache = model.new_cache(q.len() + new_tokens).unwrap();
     let q_solo = run(&model, None, &mut q_cache, &q, 1000, new_tokens);
-    let hit = kv.allocate(&q, q.len() + new_tokens).unwrap();
+    let hit = kv.allocate(&q, q.len() + new_tokens, 0).unwrap();
     assert_eq!(hit.cached_tokens, 48, "three full blocks of the shared 50-token prefix");
     let mut c2 = hit.cache;
     let q_hit = run(&model, Some(kv.pool_mut()), &mut c2, &q, 7, new_tokens);
@@ -90,7 +90,7 @@ fn check_model(path: &Path, vocab: usize) {
 
     // The same request as a miss (a fresh manager): the same logits.
     let mut cold = BlockManager::new(model.new_kv_pool(16, bs).unwrap());
-    let miss = cold.allocate(&q, q.len() + new_tokens).unwrap();
+    let miss = cold.allocate(&q, q.len() + new_tokens, 0).unwrap();
     assert_eq!(miss.cached_tokens, 0);
     let mut c3 = miss.cache;
     let q_miss = run(&model, Some(cold.pool_mut()), &mut c3, &q, 7, new_tokens);

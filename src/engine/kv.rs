@@ -134,16 +134,22 @@ impl BlockManager {
         hits
     }
 
-    /// Blocks for a sequence of `prompt` that may grow to `total` positions: the cached
+    /// Blocks that a new allocation can take now: free ones and unreferenced cached ones.
+    pub fn available(&self) -> usize {
+        self.free.len() + self.lru.len()
+    }
+
+    /// Blocks for a sequence of `tokens` that needs `positions` positions now: the cached
     /// prefix's blocks plus fresh ones (evicting cached blocks, oldest first, when none are
-    /// free). None when the pool cannot give them now (the request waits).
-    pub fn allocate(&mut self, prompt: &[u32], total: usize) -> Option<Allocation> {
-        let hits = self.lookup(prompt);
-        let need = self.blocks_for(total).saturating_sub(hits.len());
+    /// free). None when the pool cannot give them while keeping `headroom` blocks available
+    /// for the running sequences to grow into (the request waits).
+    pub fn allocate(&mut self, tokens: &[u32], positions: usize, headroom: usize) -> Option<Allocation> {
+        let hits = self.lookup(tokens);
+        let need = self.blocks_for(positions).saturating_sub(hits.len());
         // Hit blocks that sit unreferenced in the LRU are not available to this request's
         // fresh blocks: it is about to reference them.
         let hits_in_lru = hits.iter().filter(|&&b| self.refs[b as usize] == 0).count();
-        if self.free.len() + self.lru.len() - hits_in_lru < need {
+        if self.available() - hits_in_lru < need + headroom {
             return None;
         }
         for &b in &hits {
@@ -157,6 +163,18 @@ impl BlockManager {
         }
         let cached_tokens = hits.len() * self.block_size();
         Some(Allocation { cache: KvCache::paged(blocks, self.block_size(), cached_tokens), cached_tokens })
+    }
+
+    /// Appends one fresh block to a sequence's paged cache (a decoding sequence whose last
+    /// block is full). False when no block is free or evictable: the scheduler then preempts.
+    pub fn grow(&mut self, cache: &mut KvCache) -> bool {
+        let Some(b) = self.take_block() else { return false };
+        self.refs[b as usize] = 1;
+        let len = cache.len;
+        let mut blocks = cache.take_blocks();
+        blocks.push(b);
+        *cache = KvCache::paged(blocks, self.block_size(), len);
+        true
     }
 
     fn retain(&mut self, b: u32) {
@@ -227,13 +245,13 @@ mod tests {
     fn a_shared_prefix_reuses_full_blocks_and_eviction_is_lru() {
         let mut m = manager(6);
         let prompt: Vec<u32> = (0..10).collect();
-        let a = m.allocate(&prompt, 12).unwrap();
+        let a = m.allocate(&prompt, 12, 0).unwrap();
         assert_eq!((a.cached_tokens, a.cache.blocks().len()), (0, 3));
         m.register(a.cache.blocks(), &prompt);
         // Same 8-token prefix, different tail: two blocks shared.
         let mut other = prompt[..8].to_vec();
         other.extend([99, 98, 97]);
-        let b = m.allocate(&other, 11).unwrap();
+        let b = m.allocate(&other, 11, 0).unwrap();
         assert_eq!(b.cached_tokens, 8);
         assert_eq!(&b.cache.blocks()[..2], &a.cache.blocks()[..2]);
         assert_eq!(m.counts(), BlockCounts { used: 4, cached: 0, free: 2 });
@@ -243,10 +261,10 @@ mod tests {
         // The two keyed prefix blocks stay cached; the unkeyed tails are free.
         assert_eq!(m.counts(), BlockCounts { used: 0, cached: 2, free: 4 });
         // A request needing all 6 blocks evicts the cache.
-        let c = m.allocate(&[7; 20], 24).unwrap();
+        let c = m.allocate(&[7; 20], 24, 0).unwrap();
         assert_eq!(c.cached_tokens, 0);
         assert_eq!(m.counts(), BlockCounts { used: 6, cached: 0, free: 0 });
-        assert!(m.allocate(&prompt, 12).is_none(), "no block left: the request waits");
+        assert!(m.allocate(&prompt, 12, 0).is_none(), "no block left: the request waits");
         assert!(m.lookup(&prompt).is_empty(), "evicted blocks are no longer found");
     }
 
@@ -254,10 +272,29 @@ mod tests {
     fn a_fully_cached_prompt_still_computes_its_last_token() {
         let mut m = manager(4);
         let prompt: Vec<u32> = (0..8).collect();
-        let mut a = m.allocate(&prompt, 8).unwrap().cache;
+        let mut a = m.allocate(&prompt, 8, 0).unwrap().cache;
         m.register(a.blocks(), &prompt);
         m.release(a.take_blocks());
-        let b = m.allocate(&prompt, 9).unwrap();
+        let b = m.allocate(&prompt, 9, 0).unwrap();
         assert_eq!(b.cached_tokens, 4, "the second block holds the last token: recomputed");
+    }
+
+    #[test]
+    fn grow_takes_one_block_and_headroom_holds_blocks_back() {
+        let mut m = manager(4);
+        let prompt: Vec<u32> = (0..4).collect();
+        let mut a = m.allocate(&prompt, 4, 0).unwrap().cache;
+        assert_eq!((a.blocks().len(), a.capacity), (1, 4));
+        // Three blocks available: a one-block request leaving two for growth fits, three does not.
+        assert!(m.allocate(&[9; 4], 4, 3).is_none());
+        let mut b = m.allocate(&[9; 4], 4, 2).unwrap().cache;
+        a.len = 4;
+        assert!(m.grow(&mut a));
+        assert_eq!((a.blocks().len(), a.capacity, a.len), (2, 8, 4));
+        assert!(m.grow(&mut a) && !m.grow(&mut b), "the pool is used up");
+        assert_eq!(m.counts(), BlockCounts { used: 4, cached: 0, free: 0 });
+        m.release(a.take_blocks());
+        m.release(b.take_blocks());
+        assert_eq!(m.counts().free, 4);
     }
 }

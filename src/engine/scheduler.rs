@@ -5,8 +5,12 @@
 //! each) in what is left of the budget; the whole batch is one forward pass
 //! (`Model::forward_batch`), then every sequence that produced logits samples its next token.
 //! A long prompt is cut into chunks, so it never stalls the streams that are decoding.
+//!
+//! With the paged KV pool (CPU), admission takes only a prompt's blocks; sequences grow block
+//! by block as they decode, and when the pool runs out the youngest running sequence is
+//! preempted (blocks freed, resumed later by recomputing its history: `Worker::make_room`).
 
-use super::kv::BlockManager;
+use super::kv::{Allocation, BlockManager};
 use super::sequence::{Seq, StepOutcome};
 use super::types::*;
 use super::{Counters, Inner, Job};
@@ -61,78 +65,187 @@ fn publish_kv(c: &Counters, kv: &Option<BlockManager>) {
     }
 }
 
-pub(super) fn run_worker(inner: &Inner, mut kv: Option<BlockManager>) {
+/// The engine thread's state between steps.
+struct Worker<'a> {
+    inner: &'a Inner,
+    kv: Option<BlockManager>,
+    /// Running sequences, oldest (smallest `arrival`) first.
+    active: Vec<Seq>,
+    /// Preempted sequences waiting to resume, oldest first; they go before every queued
+    /// request (the front of the queue).
+    preempted: VecDeque<Seq>,
+    next_arrival: u64,
+}
+
+/// What admission took for this step: a queued request with its blocks, or a preempted
+/// sequence with its new blocks.
+enum Admitted {
+    New(Job, Option<Allocation>),
+    Resume(Box<Seq>, Allocation),
+}
+
+pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>) {
+    let mut w = Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0 };
     let c = &inner.counters;
-    let mut active: Vec<Seq> = Vec::new();
     loop {
-        let mut admitted_jobs = Vec::new();
-        {
+        let admitted = {
             let mut queue = inner.queue.lock();
             if c.shutting_down.load(Ordering::SeqCst) {
-                for j in queue.drain(..) {
-                    c.queued.fetch_sub(1, Ordering::SeqCst);
-                    c.admitted.fetch_sub(1, Ordering::SeqCst);
-                    let _ = j.tx.send(GenerationEvent::Error("engine is shutting down".into()));
-                }
-                for mut s in active.drain(..) {
-                    let _ = s.job.tx.send(GenerationEvent::Error("engine is shutting down".into()));
-                    s.release(c, kv.as_mut());
-                }
-                publish_kv(c, &kv);
+                w.shut_down(&mut queue);
                 return;
             }
             purge_cancelled(inner, &mut queue);
-            if active.is_empty() && queue.is_empty() {
+            w.purge_cancelled_preempted();
+            if w.active.is_empty() && w.preempted.is_empty() && queue.is_empty() {
                 inner.wake.wait(&mut queue);
                 continue;
             }
-            // Oldest first; with a paged pool a request starts only when it gets the blocks
-            // for its whole length (it waits, and those behind it too, until blocks free).
-            while active.len() + admitted_jobs.len() < inner.cfg.max_active_sequences.max(1) {
-                let Some(job) = queue.front() else { break };
-                let blocks = match kv.as_mut() {
-                    Some(kv) => match kv.allocate(&job.prompt, Seq::positions_needed(inner, job)) {
-                        Some(a) => {
-                            c.prefix_hit_tokens.fetch_add(a.cached_tokens as u64, Ordering::Relaxed);
-                            c.prefix_miss_tokens.fetch_add((job.prompt.len() - a.cached_tokens) as u64, Ordering::Relaxed);
-                            Some(a)
-                        }
-                        None => break,
-                    },
-                    None => None,
-                };
-                let job = queue.pop_front().expect("front checked above");
-                c.queued.fetch_sub(1, Ordering::SeqCst);
-                admitted_jobs.push((job, blocks));
+            w.admit(&mut queue)
+        };
+        for a in admitted {
+            w.activate(a);
+        }
+        // Clients that went away: their sequences end before the step (KV cache freed).
+        let mut i = 0;
+        while i < w.active.len() {
+            if w.active[i].job.tx.is_closed() {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                w.active.remove(i).release(c, w.kv.as_mut());
+            } else {
+                i += 1;
             }
         }
-        for (job, blocks) in admitted_jobs {
-            match Seq::activate(inner, job, blocks) {
+        w.make_room();
+        if !w.active.is_empty() {
+            step(inner, &mut w.active, &mut w.kv);
+        }
+        publish_kv(c, &w.kv);
+    }
+}
+
+impl Worker<'_> {
+    /// Every waiting and running request ends with an error event.
+    fn shut_down(&mut self, queue: &mut VecDeque<Job>) {
+        let c = &self.inner.counters;
+        for j in queue.drain(..) {
+            c.queued.fetch_sub(1, Ordering::SeqCst);
+            c.admitted.fetch_sub(1, Ordering::SeqCst);
+            let _ = j.tx.send(GenerationEvent::Error("engine is shutting down".into()));
+        }
+        for mut s in self.preempted.drain(..) {
+            let _ = s.job.tx.send(GenerationEvent::Error("engine is shutting down".into()));
+            s.drop_waiting(c);
+        }
+        for mut s in self.active.drain(..) {
+            let _ = s.job.tx.send(GenerationEvent::Error("engine is shutting down".into()));
+            s.release(c, self.kv.as_mut());
+        }
+        publish_kv(c, &self.kv);
+    }
+
+    /// Preempted sequences whose client went away end without resuming.
+    fn purge_cancelled_preempted(&mut self) {
+        let c = &self.inner.counters;
+        self.preempted.retain_mut(|s| {
+            if s.job.tx.is_closed() {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                s.drop_waiting(c);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Takes what can start this step, oldest first: preempted sequences, then queued
+    /// requests, while active slots are free. With a paged pool each needs the blocks of what
+    /// it prefills (its prompt, or its whole history on resume) while leaving one block per
+    /// running sequence for it to grow into; the first that cannot get them waits, and
+    /// everything behind it too (no overtaking, so a long prompt is not starved).
+    fn admit(&mut self, queue: &mut VecDeque<Job>) -> Vec<Admitted> {
+        let (inner, c) = (self.inner, &self.inner.counters);
+        let slots = inner.cfg.max_active_sequences.max(1);
+        let mut admitted = Vec::new();
+        while self.active.len() + admitted.len() < slots {
+            let headroom = self.active.len() + admitted.len();
+            if let Some(s) = self.preempted.front() {
+                let kv = self.kv.as_mut().expect("only a paged pool preempts");
+                let Some(a) = kv.allocate(&s.history, s.resume_positions(), headroom) else { break };
+                let s = self.preempted.pop_front().expect("front checked above");
+                admitted.push(Admitted::Resume(Box::new(s), a));
+                continue;
+            }
+            let Some(job) = queue.front() else { break };
+            let blocks = match self.kv.as_mut() {
+                Some(kv) => match kv.allocate(&job.prompt, job.prompt.len(), headroom) {
+                    Some(a) => {
+                        c.prefix_hit_tokens.fetch_add(a.cached_tokens as u64, Ordering::Relaxed);
+                        c.prefix_miss_tokens.fetch_add((job.prompt.len() - a.cached_tokens) as u64, Ordering::Relaxed);
+                        Some(a)
+                    }
+                    None => break,
+                },
+                None => None,
+            };
+            let job = queue.pop_front().expect("front checked above");
+            c.queued.fetch_sub(1, Ordering::SeqCst);
+            admitted.push(Admitted::New(job, blocks));
+        }
+        admitted
+    }
+
+    /// Puts an admitted request or resumed sequence into the active set (kept oldest first).
+    fn activate(&mut self, a: Admitted) {
+        let c = &self.inner.counters;
+        match a {
+            Admitted::New(job, blocks) => match Seq::activate(self.inner, job, blocks, self.next_arrival) {
                 Ok(seq) => {
+                    self.next_arrival += 1;
                     c.active.fetch_add(1, Ordering::SeqCst);
                     c.kv_bytes.fetch_add(seq.cache.bytes, Ordering::SeqCst);
-                    active.push(seq);
+                    self.active.push(seq);
                 }
                 Err((job, e)) => {
                     c.admitted.fetch_sub(1, Ordering::SeqCst);
                     let _ = job.tx.send(GenerationEvent::Error(format!("{e:#}")));
                 }
+            },
+            Admitted::Resume(mut seq, blocks) => {
+                seq.resume(c, blocks);
+                let at = self.active.partition_point(|s| s.arrival < seq.arrival);
+                self.active.insert(at, *seq);
             }
         }
-        // Clients that went away: their sequences end before the step (KV cache freed).
+    }
+
+    /// Gives every decoding sequence whose last block is full one more block, oldest first.
+    /// When the pool has none (free or evictable), the youngest running sequence is preempted
+    /// (its blocks freed, it waits at the front of the queue) until the block is found; the
+    /// youngest may be the sequence itself. A sequence alone in the pool that still cannot
+    /// grow holds every block: it finishes as at the end of its context.
+    fn make_room(&mut self) {
+        let Some(kv) = self.kv.as_mut() else { return };
+        let c = &self.inner.counters;
         let mut i = 0;
-        while i < active.len() {
-            if active[i].job.tx.is_closed() {
-                c.cancelled.fetch_add(1, Ordering::Relaxed);
-                active.remove(i).release(c, kv.as_mut());
-            } else {
+        while i < self.active.len() {
+            if !self.active[i].needs_block() || kv.grow(&mut self.active[i].cache) {
                 i += 1;
+                continue;
             }
+            let youngest = self.active.len() - 1;
+            if youngest == 0 {
+                let mut s = self.active.remove(0);
+                s.finish_kv_full(self.inner);
+                s.release(c, Some(kv));
+                continue;
+            }
+            let mut victim = self.active.remove(youngest);
+            victim.preempt(c, kv);
+            // Oldest first: a victim preempted later is older than those already waiting.
+            let at = self.preempted.partition_point(|s| s.arrival < victim.arrival);
+            self.preempted.insert(at, victim);
+            // Retry sequence i (unless it was the victim: then the loop ends).
         }
-        if !active.is_empty() {
-            step(inner, &mut active, &mut kv);
-        }
-        publish_kv(c, &kv);
     }
 }
 
@@ -170,7 +283,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
             let (tokens, logits) = match work {
                 Work::Decode => (std::slice::from_ref(s.history.last().expect("history holds the prompt")), Logits::Last),
                 Work::Prefill { rows, last } => {
-                    (&s.job.prompt[s.prefill_pos..s.prefill_pos + rows], if last { Logits::Last } else { Logits::None })
+                    (&s.history[s.prefill_pos..s.prefill_pos + rows], if last { Logits::Last } else { Logits::None })
                 }
             };
             batch.push(SeqRows { cache: &mut s.cache, tokens, logits });
@@ -195,7 +308,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
                             continue;
                         }
                         if let Some(kv) = kv.as_mut() {
-                            s.register_prompt(kv);
+                            s.register_prefill(kv);
                         }
                     }
                 }

@@ -1,6 +1,11 @@
-//! One active sequence: its KV cache, prompt progress, sampler, and the token emission that
+//! One sequence: its KV cache, prefill progress, sampler, and the token emission that
 //! follows each forward pass (UTF-8 stream decoding, stop sequences with held-back prefixes,
 //! the finish summary).
+//!
+//! A sequence may be preempted (its KV blocks given back) and resumed later: everything but
+//! the KV cache stays in the `Seq` (history, sampler RNG, decoder, held-back text, what was
+//! sent), and on resume the history (prompt + generated tokens) is prefilled again, so the
+//! next token comes from the same logits and the client's stream just continues.
 
 use super::kv::{Allocation, BlockManager};
 use super::sampler::Sampler;
@@ -11,12 +16,19 @@ use crate::tokenizer::StreamDecoder;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// One active sequence.
+/// One sequence, running (in the active set) or preempted (waiting to resume).
 pub(super) struct Seq {
     pub(super) job: Job,
     pub(super) cache: KvCache,
-    /// Prompt tokens already prefilled (the prompt is done when this reaches its length).
+    /// Activation order: the largest is the youngest, the first to be preempted.
+    pub(super) arrival: u64,
+    /// Tokens of `history` already prefilled (its KV stored).
     pub(super) prefill_pos: usize,
+    /// Tokens of `history` to prefill before sampling: the prompt, or after a preemption the
+    /// prompt and the tokens generated so far.
+    prefill_target: usize,
+    /// Positions this sequence may ever store (the context, or a contiguous cache's size).
+    position_limit: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     cached_tokens: usize,
     pub(super) history: Vec<u32>,
@@ -48,17 +60,24 @@ impl Seq {
     /// cached prefix), or, without a paged pool, on a contiguous KV cache allocated for the
     /// whole request. The job comes back on failure so its stream can receive the error.
     #[allow(clippy::result_large_err)]
-    pub(super) fn activate(inner: &Inner, job: Job, blocks: Option<Allocation>) -> Result<Seq, (Job, anyhow::Error)> {
-        let (cache, cached_tokens) = match blocks {
-            Some(a) => (a.cache, a.cached_tokens),
+    pub(super) fn activate(inner: &Inner, job: Job, blocks: Option<Allocation>, arrival: u64) -> Result<Seq, (Job, anyhow::Error)> {
+        let (cache, cached_tokens, position_limit) = match blocks {
+            // Paged: the table grows block by block up to the context.
+            Some(a) => (a.cache, a.cached_tokens, inner.ctx_len),
             None => match inner.model.new_cache(Seq::positions_needed(inner, &job)) {
-                Ok(c) => (c, 0),
+                Ok(c) => {
+                    let limit = c.capacity.min(inner.ctx_len);
+                    (c, 0, limit)
+                }
                 Err(e) => return Err((job, e)),
             },
         };
         let sampler = Sampler::new(job.req.sampling.clone());
         Ok(Seq {
             history: job.prompt.clone(),
+            prefill_target: job.prompt.len(),
+            position_limit,
+            arrival,
             job,
             cache,
             prefill_pos: cached_tokens,
@@ -75,9 +94,56 @@ impl Seq {
         })
     }
 
-    /// Prompt tokens still to prefill.
+    /// Tokens still to prefill (0: decoding).
     pub(super) fn prefill_left(&self) -> usize {
-        self.job.prompt.len() - self.prefill_pos
+        self.prefill_target - self.prefill_pos
+    }
+
+    /// Whether the next step needs a position beyond the cache's blocks (a decoding sequence
+    /// whose last block is full; prefills run inside the blocks taken on activation).
+    pub(super) fn needs_block(&self) -> bool {
+        self.prefill_left() == 0 && self.cache.len + 1 > self.cache.capacity
+    }
+
+    /// Gives the KV blocks back (full blocks keyed for the prefix cache first, so the resume
+    /// may find them) and rewinds to prefill the whole history when it resumes. The sequence
+    /// keeps its admission slot; it moves from the active set to the waiting ones.
+    pub(super) fn preempt(&mut self, c: &Counters, kv: &mut BlockManager) {
+        kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
+        kv.release(self.cache.take_blocks());
+        self.prefill_pos = 0;
+        self.prefill_target = 0;
+        c.preemptions.fetch_add(1, Ordering::Relaxed);
+        c.active.fetch_sub(1, Ordering::SeqCst);
+        c.queued.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Blocks a preempted sequence needs to resume: its whole history (the last token's logits
+    /// give the next token, as a decode row would have).
+    pub(super) fn resume_positions(&self) -> usize {
+        self.history.len()
+    }
+
+    /// Continues a preempted sequence on the blocks it was given (from its cached prefix on).
+    pub(super) fn resume(&mut self, c: &Counters, a: Allocation) {
+        self.cache = a.cache;
+        self.prefill_pos = a.cached_tokens;
+        self.prefill_target = self.history.len();
+        c.queued.fetch_sub(1, Ordering::SeqCst);
+        c.active.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends a preempted sequence that will not resume (client gone, shutdown): it holds no
+    /// blocks, only its admission slot and its place in the queue count.
+    pub(super) fn drop_waiting(&mut self, c: &Counters) {
+        c.queued.fetch_sub(1, Ordering::SeqCst);
+        self.release_admission(c);
+    }
+
+    /// Ends a running sequence that cannot grow although it holds the whole pool (no other
+    /// sequence to preempt): it finishes as a full context would.
+    pub(super) fn finish_kv_full(&mut self, inner: &Inner) {
+        self.finish(inner, FinishReason::Context);
     }
 
     /// Samples the next token from `logits` (of the last forward row) and emits it.
@@ -111,7 +177,7 @@ impl Seq {
             return self.finish(inner, FinishReason::Stop);
         }
         let length_done = self.generated.len() >= self.job.req.max_tokens;
-        let context_done = self.cache.len + 1 > self.cache.capacity.min(inner.ctx_len);
+        let context_done = self.cache.len + 1 > self.position_limit;
         if length_done || context_done {
             self.pending.push_str(&self.decoder.finish());
             let text = std::mem::take(&mut self.pending);
@@ -168,10 +234,10 @@ impl Seq {
         }
     }
 
-    /// Keys the prompt's full blocks for the prefix cache once the prompt is stored, so that
+    /// Keys the prefilled full blocks for the prefix cache once the prefill is done, so that
     /// requests arriving while this one decodes can share them.
-    pub(super) fn register_prompt(&self, kv: &mut BlockManager) {
-        kv.register(self.cache.blocks(), &self.job.prompt[..self.cache.len.min(self.job.prompt.len())]);
+    pub(super) fn register_prefill(&self, kv: &mut BlockManager) {
+        kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
     }
 
     /// Gives the sequence's admission slot back (once).

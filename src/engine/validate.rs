@@ -29,9 +29,11 @@ pub enum InvalidRequest {
     ZeroMaxTokens,
     #[error("max_tokens {max_tokens} is beyond the context: prompt {prompt} + max_tokens > context {context}")]
     MaxTokensBeyondContext { max_tokens: usize, prompt: usize, context: usize },
-    /// The paged KV pool could never hold the whole request (it would wait forever).
-    #[error("prompt {prompt} + max_tokens {max_tokens} tokens need {blocks} KV blocks of {block_tokens}; the KV cache holds {pool_blocks} (engine.kv_cache_bytes)")]
-    BeyondKvCache { prompt: usize, max_tokens: usize, blocks: usize, block_tokens: usize, pool_blocks: usize },
+    /// The paged KV pool could never hold the prompt (it would wait forever). Generated
+    /// tokens need no reservation: blocks are taken as they are needed, other sequences are
+    /// preempted for them, and a sequence alone in a full pool finishes as at the context's end.
+    #[error("prompt {prompt} tokens need {blocks} KV blocks of {block_tokens}; the KV cache holds {pool_blocks} (engine.kv_cache_bytes)")]
+    BeyondKvCache { prompt: usize, blocks: usize, block_tokens: usize, pool_blocks: usize },
     #[error("temperature must be a finite number >= 0, got {0}")]
     Temperature(f32),
     #[error("top_p must be in (0, 1], got {0}")]
@@ -53,9 +55,14 @@ impl InvalidRequest {
     pub fn field(&self) -> &'static str {
         use InvalidRequest::*;
         match self {
-            EmptyPrompt | NoPromptTokens | TokenOutsideVocabulary { .. } | PromptFillsContext { .. } | PromptTooLong { .. } => "prompt",
+            EmptyPrompt
+            | NoPromptTokens
+            | TokenOutsideVocabulary { .. }
+            | PromptFillsContext { .. }
+            | PromptTooLong { .. }
+            | BeyondKvCache { .. } => "prompt",
             EmptyMessages | ChatTemplate(_) => "messages",
-            ZeroMaxTokens | MaxTokensBeyondContext { .. } | BeyondKvCache { .. } => "max_tokens",
+            ZeroMaxTokens | MaxTokensBeyondContext { .. } => "max_tokens",
             Temperature(_) => "sampling.temperature",
             TopP(_) => "sampling.top_p",
             MinP(_) => "sampling.min_p",
@@ -112,14 +119,13 @@ impl Engine {
         if prompt.len() + req.max_tokens > ctx {
             return invalid(InvalidRequest::MaxTokensBeyondContext { max_tokens: req.max_tokens, prompt: prompt.len(), context: ctx });
         }
-        // The paged KV pool must be able to hold the whole request at once, or it would wait
-        // forever (a smaller request waits for blocks instead).
+        // The paged KV pool must be able to hold the prompt, which is admitted with all its
+        // blocks at once, or it would wait forever (a smaller one waits for blocks instead).
         let total_blocks = self.inner.kv_total_blocks;
-        let need_blocks = (prompt.len() + req.max_tokens).div_ceil(super::kv::KV_BLOCK_TOKENS);
+        let need_blocks = prompt.len().div_ceil(super::kv::KV_BLOCK_TOKENS);
         if total_blocks > 0 && need_blocks > total_blocks {
             return invalid(InvalidRequest::BeyondKvCache {
                 prompt: prompt.len(),
-                max_tokens: req.max_tokens,
                 blocks: need_blocks,
                 block_tokens: super::kv::KV_BLOCK_TOKENS,
                 pool_blocks: total_blocks,
