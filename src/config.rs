@@ -213,9 +213,6 @@ impl Config {
         if e.prefill_batch == 0 {
             bail!("engine.prefill_batch must be at least 1");
         }
-        if e.max_batch_tokens == 0 {
-            bail!("engine.max_batch_tokens must be at least 1");
-        }
         if !(e.kernel_timing.sample_rate > 0.0 && e.kernel_timing.sample_rate <= 1.0) {
             bail!("engine.kernel_timing.sample_rate must be in (0, 1], got {}", e.kernel_timing.sample_rate);
         }

@@ -163,3 +163,15 @@ fn preempted_sequences_resume_bit_identical_and_none_fails() {
     }
     tiny.shutdown();
 }
+
+#[test]
+fn max_batch_tokens_zero_is_the_backends_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::synth(dir.path(), "llama", "q8_0");
+    let e = Engine::load(EngineConfig { model_path: path, threads: 1, context_length: 256, ..EngineConfig::default() }).unwrap();
+    assert_eq!(EngineConfig::default().max_batch_tokens, 0);
+    assert_eq!(e.config().max_batch_tokens, civetta::engine::default_max_batch_tokens("cpu"));
+    assert_eq!(e.config().max_batch_tokens, 64);
+    assert_eq!(civetta::engine::default_max_batch_tokens("cuda"), 2048);
+    e.shutdown();
+}

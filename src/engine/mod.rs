@@ -113,12 +113,15 @@ impl GenerationStream {
 }
 
 impl Engine {
-    pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
+    pub fn load(mut cfg: EngineConfig) -> anyhow::Result<Engine> {
         let file = Arc::new(GgufFile::open(&cfg.model_path)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
         let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
         let model = Arc::new(Model::load(file.clone(), be)?);
+        if cfg.max_batch_tokens == 0 {
+            cfg.max_batch_tokens = default_max_batch_tokens(model.backend().name());
+        }
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
         let kv_pool = if model.backend().paged_kv() {
