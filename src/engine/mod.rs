@@ -19,7 +19,7 @@ mod types;
 mod validate;
 
 pub use types::*;
-pub use validate::InvalidRequest;
+pub use validate::{InvalidRequest, ValidRequest};
 
 use crate::backend;
 use crate::gguf::GgufFile;
@@ -88,8 +88,7 @@ impl Counters {
 }
 
 struct Job {
-    prompt: Vec<u32>,
-    req: GenerationRequest,
+    req: ValidRequest,
     tx: mpsc::UnboundedSender<GenerationEvent>,
     submitted: Instant,
 }
@@ -191,7 +190,7 @@ impl Engine {
         if c.shutting_down.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
-        let prompt = self.validate(&req).inspect_err(|_| {
+        let req = self.validate(req).inspect_err(|_| {
             c.rejected.fetch_add(1, Ordering::Relaxed);
         })?;
         // Room for max_active_sequences running plus max_queue waiting; with max_queue = 0 a
@@ -210,8 +209,8 @@ impl Engine {
             return Err(SubmitError::QueueFull { queued, retry_after_ms: 500 + 50 * queued as u64 });
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let prompt_tokens = prompt.len();
-        let job = Job { prompt, req, tx, submitted: Instant::now() };
+        let prompt_tokens = req.prompt().len();
+        let job = Job { req, tx, submitted: Instant::now() };
         {
             // Checked under the queue lock that `shutdown` takes to set the flag: a job queued
             // here is seen by the engine thread's final drain.

@@ -177,10 +177,10 @@ impl Worker<'_> {
             }
             let Some(job) = queue.front() else { break };
             let blocks = match self.kv.as_mut() {
-                Some(kv) => match kv.allocate(&job.prompt, job.prompt.len(), headroom) {
+                Some(kv) => match kv.allocate(job.req.prompt(), job.req.prompt().len(), headroom) {
                     Some(a) => {
                         c.prefix_hit_tokens.fetch_add(a.cached_tokens as u64, Ordering::Relaxed);
-                        c.prefix_miss_tokens.fetch_add((job.prompt.len() - a.cached_tokens) as u64, Ordering::Relaxed);
+                        c.prefix_miss_tokens.fetch_add((job.req.prompt().len() - a.cached_tokens) as u64, Ordering::Relaxed);
                         Some(a)
                     }
                     None => break,

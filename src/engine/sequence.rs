@@ -53,7 +53,7 @@ pub(super) enum StepOutcome {
 impl Seq {
     /// Positions the whole request needs (prompt + max_tokens, capped by the context).
     pub(super) fn positions_needed(inner: &Inner, job: &Job) -> usize {
-        (job.prompt.len() + job.req.max_tokens).min(inner.ctx_len)
+        (job.req.prompt().len() + job.req.params().max_tokens).min(inner.ctx_len)
     }
 
     /// Starts a sequence on the paged blocks it was given (prefilling from the end of its
@@ -72,10 +72,10 @@ impl Seq {
                 Err(e) => return Err((job, e)),
             },
         };
-        let sampler = Sampler::new(job.req.sampling.clone());
+        let sampler = Sampler::new(job.req.params().sampling.clone());
         Ok(Seq {
-            history: job.prompt.clone(),
-            prefill_target: job.prompt.len(),
+            history: job.req.prompt().to_vec(),
+            prefill_target: job.req.prompt().len(),
             position_limit,
             arrival,
             job,
@@ -150,7 +150,7 @@ impl Seq {
     pub(super) fn sample_and_emit(&mut self, inner: &Inner, logits: &mut [f32]) -> StepOutcome {
         let sampled = self.sampler.sample(logits, &self.history);
         // After sample(): the logits carry the repetition penalty, as the logprob does.
-        let n = self.job.req.top_logprobs.min(super::types::MAX_TOP_LOGPROBS);
+        let n = self.job.req.params().top_logprobs.min(super::types::MAX_TOP_LOGPROBS);
         let top = if n > 0 { super::sampler::top_logprobs(logits, n) } else { Vec::new() };
         self.emit_token(inner, sampled.token, sampled.logprob, top)
     }
@@ -161,7 +161,7 @@ impl Seq {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
         }
-        if !self.job.req.ignore_eos && tk.is_eog(token) {
+        if !self.job.req.params().ignore_eos && tk.is_eog(token) {
             return self.finish(inner, FinishReason::Eos);
         }
         self.history.push(token);
@@ -170,13 +170,13 @@ impl Seq {
         self.pending.push_str(&piece);
 
         // A complete stop sequence ends the generation; its text is not sent.
-        if let Some(cut) = self.job.req.stop.iter().filter_map(|st| self.pending.find(st.as_str())).min() {
+        if let Some(cut) = self.job.req.params().stop.iter().filter_map(|st| self.pending.find(st.as_str())).min() {
             let text = self.pending[..cut].to_string();
             self.pending.clear();
             let _ = self.job.tx.send(GenerationEvent::Token { id: token, text, logprob, top_logprobs });
             return self.finish(inner, FinishReason::Stop);
         }
-        let length_done = self.generated.len() >= self.job.req.max_tokens;
+        let length_done = self.generated.len() >= self.job.req.params().max_tokens;
         let context_done = self.cache.len + 1 > self.position_limit;
         if length_done || context_done {
             self.pending.push_str(&self.decoder.finish());
@@ -185,7 +185,7 @@ impl Seq {
             let reason = if length_done { FinishReason::Length } else { FinishReason::Context };
             return self.finish(inner, reason);
         }
-        let hold = stop_prefix_holdback(&self.pending, &self.job.req.stop);
+        let hold = stop_prefix_holdback(&self.pending, &self.job.req.params().stop);
         let text: String = self.pending[..self.pending.len() - hold].to_string();
         self.pending.drain(..self.pending.len() - hold);
         if self.job.tx.send(GenerationEvent::Token { id: token, text, logprob, top_logprobs }).is_err() {
@@ -206,7 +206,7 @@ impl Seq {
             total: now.duration_since(self.job.submitted),
         };
         let summary = GenerationSummary {
-            prompt_tokens: self.job.prompt.len(),
+            prompt_tokens: self.job.req.prompt().len(),
             completion_tokens: self.generated.len(),
             finish_reason: reason,
             token_ids: self.generated.clone(),

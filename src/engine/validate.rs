@@ -1,7 +1,8 @@
 //! Request validation: what the engine refuses before anything reaches the model (empty or
 //! over-long prompts, token ids outside the vocabulary, sampling values out of range, stop
 //! sequences). Errors are `SubmitError::Invalid` with a typed [`InvalidRequest`] (gRPC
-//! INVALID_ARGUMENT with a BadRequest naming `field()`, HTTP 400 with `param`).
+//! INVALID_ARGUMENT with a BadRequest naming `field()`, HTTP 400 with `param`); success is a
+//! [`ValidRequest`], the only kind of request the scheduler takes.
 
 use super::types::*;
 use super::Engine;
@@ -72,6 +73,29 @@ impl InvalidRequest {
     }
 }
 
+/// A request that passed [`Engine::validate`]: its prompt's token ids and its parameters.
+/// Only validation constructs one (the fields are private to this module), so the scheduler
+/// can rely on what was checked: a non-empty prompt of in-vocabulary ids shorter than the
+/// context, max_tokens >= 1 fitting the context, sampling values in range, a prompt that fits
+/// the KV pool.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    prompt: Vec<u32>,
+    params: GenerationRequest,
+}
+
+impl ValidRequest {
+    /// The prompt's token ids (template, BOS and special tokens applied).
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The request's parameters (max_tokens, sampling, stop sequences, ...).
+    pub fn params(&self) -> &GenerationRequest {
+        &self.params
+    }
+}
+
 /// Limits on stop sequences (bad requests are rejected before reaching the model).
 const MAX_STOP_SEQUENCES: usize = 16;
 const MAX_STOP_BYTES: usize = 256;
@@ -99,7 +123,7 @@ impl Engine {
     }
 
     /// Checks a request against the model and limits without running anything.
-    pub fn validate(&self, req: &GenerationRequest) -> Result<Vec<u32>, SubmitError> {
+    pub fn validate(&self, req: GenerationRequest) -> Result<ValidRequest, SubmitError> {
         let invalid = |e: InvalidRequest| Err(SubmitError::Invalid(e));
         let prompt = self.prompt_tokens(&req.prompt)?;
         let ctx = self.inner.ctx_len;
@@ -155,6 +179,6 @@ impl Engine {
                 return invalid(InvalidRequest::StopTooLong { max_bytes: MAX_STOP_BYTES });
             }
         }
-        Ok(prompt)
+        Ok(ValidRequest { prompt, params: req })
     }
 }
