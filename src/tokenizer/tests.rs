@@ -318,6 +318,27 @@ fn llama3_style_template_with_pycompat_methods() {
     assert!(format!("{err:#}").contains("no system role"));
 }
 
+/// gpt-oss's harmony template (the real files' tokenizer.chat_template) renders through
+/// minijinja exactly as through jinja2 in HF transformers' setup: tests/fixtures/chat/
+/// gpt-oss-harmony.json, made by scripts/harmony_template_reference.py (the date is the
+/// fixture's fixed one there, today's here).
+#[test]
+fn gpt_oss_harmony_template_renders_as_jinja2() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat/gpt-oss-harmony.json");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let tpl = f["template"].as_str().unwrap();
+    let today = chat::today("%Y-%m-%d");
+    let cases = f["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3);
+    for (i, case) in cases.iter().enumerate() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let add = case["add_generation_prompt"].as_bool().unwrap();
+        let expected = case["expected"].as_str().unwrap().replace(f["fixed_date"].as_str().unwrap(), &today);
+        let out = chat::render(tpl, &msgs, add, "<|startoftext|>", "<|return|>").unwrap();
+        assert_eq!(out, expected, "case {i}");
+    }
+}
+
 #[test]
 fn missing_or_broken_template_is_an_error() {
     let (tokens, merges) = train::train_byte_level_bpe("abc abc", 260);
