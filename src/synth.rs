@@ -36,11 +36,12 @@ pub const SIZES: [&str; 4] = ["tiny", "small", "1b", "8b"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3.
+    /// Architecture: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Type of the 2-D weight matrices (token_embd included; norms and biases stay f32):
-    /// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k.
+    /// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k; mxfp4 (gpt-oss: MXFP4
+    /// experts, Q8_0 elsewhere).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Size preset: tiny (tests), small, 1b, 8b (realistic shapes for benchmarks).
@@ -69,7 +70,7 @@ pub struct SynthArgs {
     /// Vocabulary size: BPE tokens trained on the corpus, unused padding tokens, specials.
     #[arg(long)]
     pub vocab: Option<usize>,
-    /// Override the MoE preset's expert count (qwen2moe, qwen3moe).
+    /// Override the MoE preset's expert count (qwen2moe, qwen3moe, gpt-oss).
     #[arg(long)]
     pub experts: Option<usize>,
     /// Override the MoE preset's experts used per token (top-k).
