@@ -173,8 +173,9 @@ async fn moe_expert_load_counts_every_routed_token() {
     for (prompt, n) in [(PROMPT, 12), ("Once upon a time", 5)] {
         let out = generate(&mut client, greedy(prompt, n)).await.unwrap();
         let usage = out.done.usage.unwrap();
-        // The prompt and every generated token but the last ran through the model.
-        forwarded += (usage.prompt_tokens + usage.completion_tokens - 1) as f64;
+        // The prompt (less any prefix-cache hit) and every generated token but the last ran
+        // through the model.
+        forwarded += (usage.prompt_tokens - usage.cached_prompt_tokens + usage.completion_tokens - 1) as f64;
         let s = d.samples();
         assert_eq!(total(&s), forwarded * used * layers, "tokens x experts_used x layers");
     }
