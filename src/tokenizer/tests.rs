@@ -178,6 +178,27 @@ fn specials_are_parsed_only_when_asked() {
     assert!(!tk.is_eog(im_start));
 }
 
+/// gpt-oss's harmony tokens: <|return|> and <|call|> end generation, <|end|> (which closes
+/// the analysis message too) does not; without <|return|>/<|call|> <|end|> stays an end (Phi-3).
+#[test]
+fn harmony_ends_on_return_and_call_not_end() {
+    let mut parts = trained_parts(300);
+    for t in ["<|start|>", "<|end|>", "<|return|>", "<|call|>"] {
+        parts.tokens.push(t.into());
+        parts.token_types.push(token_type::CONTROL);
+    }
+    let tk = Tokenizer::from_parts(parts).unwrap();
+    let id = |t: &str| tk.token_id(t).unwrap();
+    assert!(tk.is_eog(id("<|return|>")) && tk.is_eog(id("<|call|>")));
+    assert!(!tk.is_eog(id("<|end|>")) && !tk.is_eog(id("<|start|>")));
+
+    let mut phi = trained_parts(300);
+    phi.tokens.push("<|end|>".into());
+    phi.token_types.push(token_type::CONTROL);
+    let tk = Tokenizer::from_parts(phi).unwrap();
+    assert!(tk.is_eog(tk.token_id("<|end|>").unwrap()));
+}
+
 #[test]
 fn user_defined_tokens_are_always_split_out() {
     let mut parts = trained_parts(300);
