@@ -36,11 +36,12 @@ pub const SIZES: [&str; 4] = ["tiny", "small", "1b", "8b"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3.
+    /// Architecture: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Type of the 2-D weight matrices (token_embd included; norms and biases stay f32):
-    /// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k.
+    /// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k; mxfp4 (gpt-oss: MXFP4
+    /// experts, Q8_0 elsewhere).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Size preset: tiny (tests), small, 1b, 8b (realistic shapes for benchmarks).
@@ -69,7 +70,7 @@ pub struct SynthArgs {
     /// Vocabulary size: BPE tokens trained on the corpus, unused padding tokens, specials.
     #[arg(long)]
     pub vocab: Option<usize>,
-    /// Override the MoE preset's expert count (qwen2moe, qwen3moe).
+    /// Override the MoE preset's expert count (qwen2moe, qwen3moe, gpt-oss).
     #[arg(long)]
     pub experts: Option<usize>,
     /// Override the MoE preset's experts used per token (top-k).
@@ -80,6 +81,11 @@ pub struct SynthArgs {
     pub expert_ffn: Option<usize>,
     #[arg(long, default_value_t = 2048)]
     pub context: usize,
+    /// gpt-oss only: YaRN RoPE scaling factor written to the file (default 32, as the real
+    /// files; the original context is context / factor, 4096 for the real 131072); 0 writes no
+    /// scaling keys.
+    #[arg(long)]
+    pub yarn_factor: Option<u32>,
     /// Tie the output projection to the token embedding (no output.weight tensor).
     #[arg(long)]
     pub tied: bool,
@@ -104,6 +110,9 @@ pub struct SynthSpec {
     pub tied: bool,
     /// Experts of the MoE architectures (None for dense ones).
     pub moe: Option<SynthMoe>,
+    /// YaRN RoPE scaling factor (gpt-oss), with `rope.scaling.original_context_length` =
+    /// context / factor; None: no scaling keys.
+    pub yarn_factor: Option<u32>,
 }
 
 /// Expert shapes of a synthetic MoE model.
@@ -158,6 +167,7 @@ impl SynthSpec {
             context: 2048,
             tied: false,
             moe,
+            yarn_factor: (arch == "gpt-oss").then_some(GPT_OSS_YARN_FACTOR),
         })
     }
 
@@ -171,6 +181,12 @@ impl SynthSpec {
         s.vocab = a.vocab.unwrap_or(s.vocab);
         s.context = a.context;
         s.tied = a.tied;
+        match a.yarn_factor {
+            Some(_) if !s.is_gpt_oss() => bail!("--yarn-factor is for gpt-oss only"),
+            Some(0) => s.yarn_factor = None,
+            Some(f) => s.yarn_factor = Some(f),
+            None => {}
+        }
         if let Some(m) = &mut s.moe {
             m.experts = a.experts.unwrap_or(m.experts);
             m.experts_used = a.experts_used.unwrap_or(m.experts_used);
@@ -243,6 +259,9 @@ impl SynthSpec {
         for (what, n) in [("dim", self.dim), ("ffn", self.ffn), ("heads x head size", self.heads * self.head_dim)] {
             ensure!(n % block == 0, "{what} = {n} is not a multiple of the {} block size {block}", self.quant);
         }
+        if let Some(f) = self.yarn_factor {
+            ensure!(f >= 1 && self.context / f as usize >= 1, "yarn factor {f} leaves no original context of {}", self.context);
+        }
         let min_vocab = 256 + self.specials().len();
         ensure!(self.vocab >= min_vocab, "vocab must be at least {min_vocab} (256 byte tokens and the special tokens)");
         ensure!(self.vocab <= u32::MAX as usize && self.context <= u32::MAX as usize, "vocab and context must fit in u32");
@@ -294,6 +313,9 @@ fn family(arch: &str) -> &str {
 fn decoupled_head_dim(arch: &str) -> bool {
     matches!(family(arch), "qwen3" | "gemma3")
 }
+
+/// gpt-oss's YaRN factor (config.json rope_scaling: factor 32 over 4096 original positions).
+pub const GPT_OSS_YARN_FACTOR: u32 = 32;
 
 /// Gemma 3's local-attention window in synthetic models: short, so that prompts of a few
 /// dozen tokens already reach past it on the local layers (the real 270M model has 512).
@@ -409,9 +431,18 @@ fn add_hparams(w: &mut GgufWriter, spec: &SynthSpec) {
         w.add_metadata(&k("attention.sliding_window"), u(GEMMA3_SYNTH_WINDOW));
     }
     if spec.is_gpt_oss() {
-        // Windowed even layers (llama.cpp's default pattern 2); no YaRN scaling keys (the real
-        // files have them, civetta's RoPE does not do YaRN yet).
+        // Windowed even layers (llama.cpp's default pattern 2).
         w.add_metadata(&k("attention.sliding_window"), u(GEMMA3_SYNTH_WINDOW));
+    }
+    if let Some(f) = spec.yarn_factor {
+        // The keys convert_hf_to_gguf.py writes for gpt-oss's rope_scaling (type yarn, factor,
+        // original_max_position_embeddings, beta_fast 32, beta_slow 1); the training context
+        // is factor x the original one, as in the real files (32 x 4096).
+        w.add_metadata(&k("rope.scaling.type"), V::String("yarn".into()));
+        w.add_metadata(&k("rope.scaling.factor"), V::F32(f as f32));
+        w.add_metadata(&k("rope.scaling.original_context_length"), u(spec.context / f as usize));
+        w.add_metadata(&k("rope.scaling.yarn_beta_fast"), V::F32(32.0));
+        w.add_metadata(&k("rope.scaling.yarn_beta_slow"), V::F32(1.0));
     }
 }
 

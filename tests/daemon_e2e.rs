@@ -155,6 +155,39 @@ async fn daemon_streams_what_the_cli_generates_and_exports_metrics() {
     assert_eq!((status, body.trim()), (200, "ok"));
 }
 
+/// `civetta_moe_expert_tokens_total{expert}` of a MoE model: one series per expert, and every
+/// token the model ran adds experts_used to the total in each MoE layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moe_expert_load_counts_every_routed_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth(dir.path(), "qwen3moe", "q8_0"); // tiny preset: 4 layers, 8 experts, top-2
+    let (layers, experts, used) = (4.0, 8, 2.0);
+    let d = Daemon::start(&model, &[]);
+    let mut client = d.client().await;
+    let total = |s: &Samples| s.sum("civetta_moe_expert_tokens_total", &[]);
+    let before = d.samples();
+    assert_eq!(before.label_values("civetta_moe_expert_tokens_total", "expert").len(), experts, "one series per expert");
+    assert_eq!(total(&before), 0.0);
+
+    let mut forwarded = 0.0;
+    for (prompt, n) in [(PROMPT, 12), ("Once upon a time", 5)] {
+        let out = generate(&mut client, greedy(prompt, n)).await.unwrap();
+        let usage = out.done.usage.unwrap();
+        // The prompt (less any prefix-cache hit) and every generated token but the last ran
+        // through the model.
+        forwarded += (usage.prompt_tokens - usage.cached_prompt_tokens + usage.completion_tokens - 1) as f64;
+        let s = d.samples();
+        assert_eq!(total(&s), forwarded * used * layers, "tokens x experts_used x layers");
+    }
+    let s = d.samples();
+    let busy = s
+        .label_values("civetta_moe_expert_tokens_total", "expert")
+        .iter()
+        .filter(|e| s.sum("civetta_moe_expert_tokens_total", &[("expert", e)]) > 0.0)
+        .count();
+    assert!(busy >= 2, "only {busy} experts were ever selected");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_invalid_argument_and_reach_no_model() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,9 @@
 //!   `civetta generate`, except that a near tie (llama.cpp's top-1/top-2 margin below NEAR_TIE
 //!   of max |logit|) may go to llama.cpp's runner-up.
 //!
-//! Plus: changing the router weights of one layer changes the logits (routing matters).
+//! Plus: changing the router weights of one layer changes the logits (routing matters), and
+//! gpt-oss's YaRN RoPE scaling matters: the same file without its scaling keys is far from
+//! llama.cpp's logits (so the fixtures would catch a missing or wrong YaRN).
 
 mod common;
 
@@ -34,9 +36,15 @@ fn ids(v: &serde_json::Value) -> Vec<usize> {
     numbers(v).into_iter().map(|x| x as usize).collect()
 }
 
-fn synth(dir: &Path, arch: &str, quant: &str) -> PathBuf {
-    let path = dir.join(format!("{arch}-{quant}.gguf"));
-    let out = civetta().args(["model", "synth", "--arch", arch, "--quant", quant, "--seed", "1", "-o"]).arg(&path).output().unwrap();
+fn synth(dir: &Path, arch: &str, quant: &str, extra: &[&str]) -> PathBuf {
+    let path = dir.join(format!("{arch}-{quant}{}.gguf", extra.join("")));
+    let out = civetta()
+        .args(["model", "synth", "--arch", arch, "--quant", quant, "--seed", "1"])
+        .args(extra)
+        .arg("-o")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "synth {arch} {quant} failed: {}", String::from_utf8_lossy(&out.stderr));
     path
 }
@@ -69,10 +77,19 @@ fn fixtures() -> Vec<PathBuf> {
     v
 }
 
+/// The extra `civetta model synth` arguments a fixture was made with (none for older ones).
+fn synth_args(f: &serde_json::Value) -> Vec<&str> {
+    f["synth"]["args"].as_array().map(|a| a.iter().map(|v| v.as_str().expect("string argument")).collect()).unwrap_or_default()
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(Path::new(FIXTURES).join(name)).unwrap()).unwrap()
+}
+
 fn check_against_llama_cpp(dir: &Path, fixture: &Path) {
     let f: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
     let (arch, quant) = (f["synth"]["arch"].as_str().unwrap(), f["synth"]["quant"].as_str().unwrap());
-    let m = synth(dir, arch, quant);
+    let m = synth(dir, arch, quant, &synth_args(&f));
     let sha = hex::encode(Sha256::digest(std::fs::read(&m).unwrap()));
     assert_eq!(
         sha,
@@ -136,14 +153,14 @@ fn moe_models_match_llama_cpp() {
     });
 }
 
-#[test]
-fn changing_the_router_changes_the_output() {
+/// Negating layer 0's router (F32) makes every token pick its least favoured experts; the
+/// logits at every position must move.
+fn check_router_change(arch: &str, quant: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let m = synth(dir.path(), "qwen3moe", "q8_0");
+    let m = synth(dir.path(), arch, quant, extra);
     let tokens = [299, 407, 280, 461, 114, 501, 293, 574];
     let before = logits(&m, &tokens);
 
-    // Negate layer 0's router (F32): every token now picks its least favoured experts.
     let file = civetta::gguf::GgufFile::open(&m).unwrap();
     let t = file.tensor("blk.0.ffn_gate_inp.weight").expect("router tensor");
     assert_eq!(t.ggml_type, civetta::gguf::GgmlType::F32);
@@ -160,6 +177,36 @@ fn changing_the_router_changes_the_output() {
 
     for (pos, (a, b)) in before.iter().zip(&after).enumerate() {
         let err = rel_l2(b, a);
-        assert!(err > 1e-2, "position {pos}: negating the router moved the logits by only {err:.2e} (relative L2)");
+        assert!(err > 1e-2, "{arch} {quant}, position {pos}: negating the router moved the logits by only {err:.2e} (relative L2)");
     }
+}
+
+#[test]
+fn changing_the_router_changes_the_output() {
+    check_router_change("qwen3moe", "q8_0", &[]);
+}
+
+/// gpt-oss routes by the top-k raw logits (plus the router bias) and a softmax over the k.
+#[test]
+fn changing_the_gpt_oss_router_changes_the_output() {
+    check_router_change("gpt-oss", "mxfp4", &["--context", "1024"]);
+}
+
+/// The gpt-oss fixtures are made with YaRN (factor 32, original context 32 of 1024): the same
+/// weights without the scaling keys must be far outside the bound from llama.cpp's logits,
+/// so that a civetta that ignored or botched YaRN would fail the comparison above.
+#[test]
+fn gpt_oss_without_yarn_is_far_from_llama_cpp() {
+    let f = fixture("gpt-oss-mxfp4.json");
+    let args = synth_args(&f);
+    assert!(args.contains(&"--context"), "the gpt-oss fixture is expected to use a short context (YaRN past the original one)");
+    let dir = tempfile::tempdir().unwrap();
+    let mut plain = args.clone();
+    plain.extend(["--yarn-factor", "0"]);
+    let m = synth(dir.path(), "gpt-oss", "mxfp4", &plain);
+    let prompt = ids(&f["prompt"]);
+    let ours = logits(&m, &prompt);
+    let err = rel_l2(&ours[prompt.len() - 1], &numbers(&f["prompt_logits"]));
+    eprintln!("gpt-oss mxfp4 without YaRN: prompt logits relative L2 error vs llama.cpp (with YaRN) {err:.2e}");
+    assert!(err > 2.0 * MAX_REL_L2, "without YaRN the logits are only {err:.2e} from llama.cpp's: the fixture does not test YaRN");
 }

@@ -120,3 +120,40 @@ fn unsupported_models_are_refused() {
         assert!(err.to_string().contains("unsupported tokenizer model"), "{name}: {err}");
     }
 }
+
+/// The GPT-4o split (`tokenizer.ggml.pre` = "gpt-4o": gpt-oss, Llama 4) against llama.cpp:
+/// the Qwen2 test vocabulary with its pre name rewritten (so the merges are Qwen2's and the
+/// split is GPT-4o's), ids from tests/fixtures/tokenizer/gpt4o-on-qwen2-vocab.json, which
+/// scripts/gpt4o_tokenizer_reference.py made with llama-tokenize on the same rewrite.
+#[test]
+fn gpt4o_split_on_the_qwen2_vocabulary() {
+    let gguf = vocab_dir().join("ggml-vocab-qwen2.gguf");
+    if !gguf.exists() {
+        if std::env::var("CIVETTA_SKIP_VOCAB_TESTS").as_deref() == Ok("1") {
+            return;
+        }
+        panic!("{} is missing: run scripts/fetch-vocab-tests.sh (or set CIVETTA_SKIP_VOCAB_TESTS=1)", gguf.display());
+    }
+    let mut file = GgufFile::open(&gguf).unwrap();
+    file.metadata.insert("tokenizer.ggml.pre".into(), civetta::gguf::MetadataValue::String("gpt-4o".into()));
+    let tk = Tokenizer::from_gguf(&file).unwrap();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer/gpt4o-on-qwen2-vocab.json");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let cases = f["cases"].as_array().unwrap();
+    let mut failures = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let got = tk.encode(text, false, false);
+        if got != want {
+            failures.push(format!("  case {i} {text:?}\n    expected {want:?}\n    got      {got:?}"));
+        }
+    }
+    eprintln!("gpt-4o split: {}/{} cases match llama.cpp", cases.len() - failures.len(), cases.len());
+    assert!(failures.is_empty(), "{} of {} cases differ from llama.cpp:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    // And it differs from the Qwen2 split somewhere (the fixture tests the GPT-4o expression).
+    let qwen2 = Tokenizer::from_gguf(&GgufFile::open(&gguf).unwrap()).unwrap();
+    assert!(cases
+        .iter()
+        .any(|c| qwen2.encode(c["text"].as_str().unwrap(), false, false) != tk.encode(c["text"].as_str().unwrap(), false, false)));
+}

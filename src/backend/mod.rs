@@ -36,6 +36,24 @@ pub enum RopeStyle {
     Neox,
 }
 
+/// ggml's `rope_ext` frequency scaling of one layer (linear or YaRN), precomputed on the host
+/// from the file's `rope.scaling.*` metadata (`HParams::layer_rope_scaling`). With
+/// freq_scale 1, ext_factor 0 and attn_factor 1 it is plain RoPE, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeScaling {
+    /// Multiplier of every rotation angle: 1 / the scaling factor.
+    pub freq_scale: f32,
+    /// YaRN's weight of the unscaled (extrapolated) angle on the high-frequency pairs; 0 for
+    /// linear scaling. Where it is non-zero, ggml also multiplies the magnitude by
+    /// 1 + 0.1 ln(1 / freq_scale).
+    pub ext_factor: f32,
+    /// Multiplier of cos and sin, so of q and k (the attention logits get its square).
+    pub attn_factor: f32,
+    /// YaRN's ramp over the pair index i: pairs below corr_dims[0] keep the unscaled angle,
+    /// pairs above corr_dims[1] the scaled one (ggml_rope_yarn_corr_dims).
+    pub corr_dims: [f32; 2],
+}
+
 /// Geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -156,6 +174,22 @@ pub trait Backend: Send + Sync {
     fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
     fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
+    /// `rope` with frequency scaling (linear or YaRN, as ggml's `rope_ext`). Backends without
+    /// it refuse; their `check_model` refuses such models before loading.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_scaled(
+        &self,
+        x: &mut Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: RopeScaling,
+    ) -> anyhow::Result<()> {
+        let _ = (x, positions, n_heads, head_dim, freq_base, style, scaling);
+        anyhow::bail!("{} backend: RoPE scaling (linear / YaRN) is not supported", self.name())
+    }
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide), starting at row `src_row` (a
     /// sequence's rows in a batch), into the caches at row `start_pos`.
     #[allow(clippy::too_many_arguments)]

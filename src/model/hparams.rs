@@ -1,6 +1,6 @@
 //! Hyperparameters read from GGUF metadata, per architecture.
 
-use crate::backend::RopeStyle;
+use crate::backend::{RopeScaling, RopeStyle};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 
@@ -125,6 +125,34 @@ pub struct HParams {
     pub moe: Option<MoeParams>,
     /// Interleaved sliding-window (local) attention layers (Gemma 3); None: every layer global.
     pub sliding_window: Option<SlidingWindow>,
+    /// RoPE frequency scaling declared by the file (`rope.scaling.*`); None: plain RoPE.
+    pub rope_scaling: Option<RopeScalingParams>,
+}
+
+/// How the rotary frequencies are scaled for a longer context than the model was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeScalingKind {
+    /// Every angle divided by the factor (position interpolation).
+    Linear,
+    /// YaRN: high-frequency pairs keep their angles, low-frequency ones are interpolated, with
+    /// a ramp between and a magnitude correction (gpt-oss: factor 32 over 4096 positions).
+    Yarn,
+}
+
+/// The file's `{arch}.rope.scaling.*` metadata, read as llama.cpp's loader reads it
+/// (llama_model::load_hparams and llama_context's cparams): type (default linear), factor,
+/// original_context_length (default the training context), attn_factor (default 1), and
+/// YaRN's beta_fast / beta_slow (defaults 32 / 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeScalingParams {
+    pub kind: RopeScalingKind,
+    pub factor: f32,
+    /// Context the rotary frequencies were trained for (YaRN's correction range).
+    pub n_ctx_orig: usize,
+    /// `rope.scaling.attn_factor`: an extra multiplier of the rotated q and k.
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
 }
 
 /// Gemma 3's local layers, as llama.cpp's gemma3 loader reads them: `{arch}.attention.
@@ -204,7 +232,9 @@ impl HParams {
             n_ctx_train: req_u("context_length")?,
             moe,
             sliding_window: None,
+            rope_scaling: None,
         };
+        hp.rope_scaling = rope_scaling_params(f, &key, hp.n_ctx_train)?;
         if arch == Arch::Gemma3 {
             hp.rms_eps = f.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
             if f.get(&key("attention.sliding_window_pattern")).is_some_and(|v| v.as_u64().is_none()) {
@@ -236,13 +266,6 @@ impl HParams {
             let window = req_u("attention.sliding_window")?;
             let rope_base = f.get_f32(&key("rope.freq_base_swa")).unwrap_or(hp.rope_base);
             hp.sliding_window = Some(SlidingWindow { window, period: 2, rope_base });
-            // Real gpt-oss files carry YaRN scaling (factor 32 over 4096 positions); civetta's
-            // RoPE has no YaRN yet, so refuse rather than compute something else.
-            let scaling = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str().map(str::to_owned));
-            let factor = f.get_f32(&key("rope.scaling.factor")).unwrap_or(0.0);
-            if scaling.as_deref().is_some_and(|t| t != "none" && t != "linear") || (factor != 0.0 && factor != 1.0) {
-                bail!("{path}: RoPE scaling ({}, factor {factor}) is not supported yet", scaling.as_deref().unwrap_or("linear"));
-            }
         }
         if hp.n_head == 0 || hp.n_head_kv == 0 || !hp.n_head.is_multiple_of(hp.n_head_kv) {
             bail!("{path}: head counts {} / {} (kv) are not a valid grouping", hp.n_head, hp.n_head_kv);
@@ -275,11 +298,128 @@ impl HParams {
         (sw.period == 0 || li % sw.period < sw.period - 1).then_some(sw.window)
     }
 
+    /// The RoPE scaling of layer `li` as ggml's rope_ext takes it, or None for plain RoPE.
+    /// As llama.cpp: local (sliding-window) layers keep freq_scale 1 except where the
+    /// architecture scales them too (gpt-oss: `rope_freq_scale_train_swa` = the global scale);
+    /// YaRN's ext_factor and magnitude apply to every layer (they are per context).
+    pub fn layer_rope_scaling(&self, li: usize) -> Option<RopeScaling> {
+        let s = self.rope_scaling?;
+        // llama.cpp stores 1 / factor and recovers the factor as 1 / that (f32 both ways).
+        let global_scale = 1.0 / s.factor;
+        let local = self.layer_window(li).is_some();
+        let freq_scale = if local && self.arch != Arch::GptOss { 1.0 } else { global_scale };
+        let (ext_factor, attn_factor) = match s.kind {
+            RopeScalingKind::Linear => (0.0, s.attn_factor),
+            RopeScalingKind::Yarn => {
+                let factor = 1.0 / global_scale;
+                let ln = factor.ln();
+                // llama_context: mscale = 0.1 ln(factor) + 1, then divided by the same term,
+                // which ggml's rope multiplies back in where ext_factor != 0. f32 as there.
+                let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * ln + 1.0 };
+                (1.0, mscale * (1.0 / (1.0 + 0.1 * ln)) * s.attn_factor)
+            }
+        };
+        let corr_dims = yarn_corr_dims(self.head_dim, s.n_ctx_orig, self.layer_rope_base(li), s.beta_fast, s.beta_slow);
+        Some(RopeScaling { freq_scale, ext_factor, attn_factor, corr_dims })
+    }
+
     /// The RoPE base of layer `li` (local layers have their own).
     pub fn layer_rope_base(&self, li: usize) -> f32 {
         match (self.layer_window(li), self.sliding_window) {
             (Some(_), Some(sw)) => sw.rope_base,
             _ => self.rope_base,
         }
+    }
+}
+
+/// YaRN's correction range in pair indices, as ggml_rope_yarn_corr_dims: the pair whose
+/// wavelength fits `beta` rotations into the original context, floored (beta_fast) and
+/// ceiled (beta_slow), clamped to 0..n_dims-1.
+fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+    let dim = |beta: f32| n_dims as f32 * (n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    [dim(beta_fast).floor().max(0.0), dim(beta_slow).ceil().min(n_dims as f32 - 1.0)]
+}
+
+/// Reads `{arch}.rope.scaling.*`. None where the file asks for no scaling (type none, or a
+/// factor of 0 or 1 with no extra magnitude); refuses scaling types and YaRN variants that
+/// civetta does not compute.
+fn rope_scaling_params(f: &GgufFile, key: &dyn Fn(&str) -> String, n_ctx_train: usize) -> anyhow::Result<Option<RopeScalingParams>> {
+    let path = f.path.display();
+    let kind = match f.get(&key("rope.scaling.type")) {
+        None => RopeScalingKind::Linear,
+        Some(v) => match v.as_str() {
+            Some("none") => return Ok(None),
+            Some("linear") => RopeScalingKind::Linear,
+            Some("yarn") => RopeScalingKind::Yarn,
+            Some(other) => bail!("{path}: RoPE scaling type \"{other}\" is not supported (none, linear and yarn are)"),
+            None => bail!("{path}: {} is not a string", key("rope.scaling.type")),
+        },
+    };
+    // llama.cpp reads these only for other architectures (deepseek2, grok, hunyuan); a file
+    // that sets them to something else than their neutral value would need that maths.
+    for (k, neutral) in [("yarn_ext_factor", -1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0), ("alpha", 0.0)] {
+        if let Some(v) = f.get_f32(&key(&format!("rope.scaling.{k}"))).filter(|v| *v != neutral) {
+            bail!("{path}: {} = {v} is not supported", key(&format!("rope.scaling.{k}")));
+        }
+    }
+    let factor = f.get_f32(&key("rope.scaling.factor")).or_else(|| f.get_f32(&key("rope.scale_linear"))).unwrap_or(0.0);
+    let attn_factor = f.get_f32(&key("rope.scaling.attn_factor")).unwrap_or(1.0);
+    if !(factor.is_finite() && factor >= 0.0 && attn_factor.is_finite()) {
+        bail!("{path}: RoPE scaling factor {factor} / attn_factor {attn_factor} are not valid");
+    }
+    if (factor == 0.0 || factor == 1.0) && attn_factor == 1.0 {
+        return Ok(None);
+    }
+    Ok(Some(RopeScalingParams {
+        kind,
+        factor: if factor == 0.0 { 1.0 } else { factor },
+        n_ctx_orig: f.get_u64(&key("rope.scaling.original_context_length")).map(|v| v as usize).unwrap_or(n_ctx_train),
+        attn_factor,
+        beta_fast: f.get_f32(&key("rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
+        beta_slow: f.get_f32(&key("rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{synth_model, SynthSpec};
+
+    #[test]
+    fn yarn_correction_range_of_the_real_gpt_oss() {
+        // gpt-oss-20b/120b: head_dim 64, rope base 150000, original context 4096, betas 32 / 1:
+        // pairs below 8 keep their angles, pairs above 18 are interpolated.
+        assert_eq!(yarn_corr_dims(64, 4096, 150000.0, 32.0, 1.0), [8.0, 18.0]);
+        // Clamped to 0 and n_dims - 1.
+        assert_eq!(yarn_corr_dims(32, 64, 150000.0, 32.0, 1.0), [0.0, 4.0]);
+        assert_eq!(yarn_corr_dims(8, 1 << 30, 10.0, 1.0, 1.0)[1], 7.0);
+    }
+
+    fn hparams_of(spec: &SynthSpec) -> HParams {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        synth_model(spec, &path).unwrap();
+        HParams::from_gguf(&GgufFile::open(&path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn gpt_oss_yarn_scales_every_layer_as_llama_cpp() {
+        let mut spec = SynthSpec::preset("gpt-oss", crate::gguf::GgmlType::Q8_0, "tiny").unwrap();
+        spec.context = 1024;
+        let hp = hparams_of(&spec);
+        let s = hp.rope_scaling.expect("yarn read");
+        assert_eq!((s.kind, s.factor, s.n_ctx_orig, s.beta_fast, s.beta_slow), (RopeScalingKind::Yarn, 32.0, 32, 32.0, 1.0));
+        // Windowed (even) and full layers alike: gpt-oss scales its SWA layers too.
+        for li in 0..2 {
+            assert!(hp.layer_window(li).is_some() == (li == 0));
+            let r = hp.layer_rope_scaling(li).unwrap();
+            assert_eq!((r.freq_scale, r.ext_factor), (1.0 / 32.0, 1.0));
+            // llama.cpp divides out the 1 + 0.1 ln 32 that ggml's rope multiplies back in.
+            assert!((r.attn_factor - 1.0).abs() < 1e-6, "{}", r.attn_factor);
+            assert_eq!(r.corr_dims, [0.0, 3.0]);
+        }
+        spec.yarn_factor = None;
+        let plain = hparams_of(&spec);
+        assert!(plain.rope_scaling.is_none() && plain.layer_rope_scaling(1).is_none());
     }
 }

@@ -15,7 +15,7 @@
 mod hparams;
 pub mod moe;
 
-pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, SlidingWindow, SUPPORTED_ARCHS};
+pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, RopeScalingKind, RopeScalingParams, SlidingWindow, SUPPORTED_ARCHS};
 
 use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, Weight};
 use crate::gguf::GgufFile;
@@ -67,6 +67,8 @@ pub struct Model {
     output_norm: Weight,
     /// The output projection; None when tied to token_embd.
     output: Option<Weight>,
+    /// Expert selection counts of a mixture-of-experts model (None for dense ones).
+    expert_load: Option<Arc<moe::ExpertLoad>>,
 }
 
 /// One sequence's KV cache: `len` positions stored out of `capacity`. Either its own K and
@@ -165,6 +167,7 @@ impl Model {
         let token_embd = w("token_embd.weight")?;
         expect_shape(&token_embd, hp.n_embd, hp.n_vocab)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
+        let expert_load = hp.moe.as_ref().map(|m| Arc::new(moe::ExpertLoad::new(m.n_expert)));
         for i in 0..hp.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}");
             let attn = Attention {
@@ -195,7 +198,8 @@ impl Model {
             }
             let gemma = hp.arch == Arch::Gemma3;
             let ffn = if hp.moe.is_some() {
-                Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp)?))
+                let load = expert_load.clone().context("MoE layer in a model without expert metadata")?;
+                Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp, load)?))
             } else {
                 let (gate, up, down) = (w(&p("ffn_gate.weight"))?, w(&p("ffn_up.weight"))?, w(&p("ffn_down.weight"))?);
                 expect_shape(&gate, hp.n_embd, hp.n_ff)?;
@@ -224,7 +228,12 @@ impl Model {
         if let Some(o) = &output {
             expect_shape(o, hp.n_embd, hp.n_vocab)?;
         }
-        Ok(Model { hp, file, backend, token_embd, layers, output_norm, output })
+        Ok(Model { hp, file, backend, token_embd, layers, output_norm, output, expert_load })
+    }
+
+    /// How often each expert was selected so far (MoE models).
+    pub fn expert_load(&self) -> Option<&Arc<moe::ExpertLoad>> {
+        self.expert_load.as_ref()
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
@@ -364,8 +373,16 @@ impl Model {
                 be.rmsnorm_inplace(&mut k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
             }
             let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
-            be.rope(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style);
-            be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
+            match hp.layer_rope_scaling(li) {
+                None => {
+                    be.rope(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style);
+                    be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
+                }
+                Some(scaling) => {
+                    be.rope_scaled(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
+                    be.rope_scaled(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
+                }
+            }
             // Ragged part: each sequence stores its rows and attends over its own cache.
             for (s, &row) in seqs.iter_mut().zip(&first_rows) {
                 let (start, len) = (s.cache.len, s.tokens.len());

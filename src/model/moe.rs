@@ -22,7 +22,40 @@ use super::HParams;
 use crate::backend::{Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// How often each expert was selected, summed over the model's MoE layers: a token adds one
+/// to each of its top-k experts in every layer, so the counts sum to tokens x experts_used x
+/// MoE layers. One per model, shared by its layers; `civetta_moe_expert_tokens_total{expert}`
+/// exports it. Per-layer counts would be n_layer x n_expert series (6144 for a
+/// Qwen3-30B-A3B); the sum over layers keeps n_expert and still shows an unbalanced router.
+pub struct ExpertLoad {
+    counts: Vec<AtomicU64>,
+}
+
+impl ExpertLoad {
+    pub fn new(n_expert: usize) -> ExpertLoad {
+        ExpertLoad { counts: (0..n_expert).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Counts one layer's routing (`Routing::experts`: k expert ids per token).
+    pub fn record(&self, experts: &[u32]) {
+        // Tally first: one atomic add per expert, not per (token, slot).
+        let mut tally = vec![0u64; self.counts.len()];
+        for &e in experts {
+            tally[e as usize] += 1;
+        }
+        for (c, n) in self.counts.iter().zip(tally).filter(|(_, n)| *n > 0) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The counts per expert id.
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+}
 
 /// One expert's SwiGLU matrices (views into the layer's expert tensors, or whole 2-D tensors
 /// for the shared expert).
@@ -55,10 +88,12 @@ pub struct MoeWeights {
     pub experts: Vec<ExpertWeights>,
     pub shared: Option<SharedExpert>,
     pub params: MoeParams,
+    /// The model's expert selection counts (shared by all its MoE layers).
+    pub load: Arc<ExpertLoad>,
 }
 
 /// Loads layer `layer`'s MoE tensors and cuts the 3-D expert tensors into per-expert views.
-pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams) -> anyhow::Result<MoeWeights> {
+pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams, load: Arc<ExpertLoad>) -> anyhow::Result<MoeWeights> {
     let m = hp.moe.clone().context("MoE layer in a model without expert metadata")?;
     let p = |s: &str| format!("blk.{layer}.{s}");
     let w = |name: &str| be.load_weight(file, name);
@@ -126,7 +161,7 @@ pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams) 
     } else {
         None
     };
-    Ok(MoeWeights { router, router_bias, experts, shared, params: m })
+    Ok(MoeWeights { router, router_bias, experts, shared, params: m, load })
 }
 
 /// An F32 tensor of `n` elements read into host memory (small per-layer vectors).
@@ -228,6 +263,7 @@ pub fn ffn(be: &dyn Backend, m: &MoeWeights, h: &mut Buffer, n: usize, d: usize)
         }
     }
     let routing = route(&host, &m.params);
+    m.load.record(&routing.experts);
     expert_outputs_and_sum(be, m, h, n, d, ff, &routing)
 }
 

@@ -404,6 +404,42 @@ impl Collector for KernelCollector {
     }
 }
 
+const EXPERT_TOKENS: (&str, &str) = (
+    "civetta_moe_expert_tokens_total",
+    "Tokens routed to each expert of a mixture-of-experts model, summed over its MoE layers (a token counts once in every layer that selects the expert)",
+);
+
+/// `civetta_moe_expert_tokens_total{expert}` of a MoE model, read at scrape time. One series
+/// per expert id (the sum over layers; per-layer series would be layers x experts, 6144 for a
+/// Qwen3-30B-A3B): a balanced router gives every expert about the same rate.
+pub struct ExpertLoadCollector {
+    load: std::sync::Arc<crate::model::moe::ExpertLoad>,
+    descs: Vec<Desc>,
+}
+
+impl ExpertLoadCollector {
+    pub fn new(load: std::sync::Arc<crate::model::moe::ExpertLoad>) -> ExpertLoadCollector {
+        ExpertLoadCollector { load, descs: descs(&[(EXPERT_TOKENS.0, EXPERT_TOKENS.1, &["expert"])]) }
+    }
+}
+
+impl Collector for ExpertLoadCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let metrics = self
+            .load
+            .snapshot()
+            .iter()
+            .enumerate()
+            .map(|(e, &n)| counter_metric(vec![label("expert", &e.to_string())], n as f64))
+            .collect();
+        vec![family(EXPERT_TOKENS.0, EXPERT_TOKENS.1, MetricType::COUNTER, metrics)]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,6 +605,22 @@ mod tests {
             assert!(sample(&text, "process_open_fds") >= 3.0);
             assert!(sample(&text, "process_start_time_seconds") > 1.6e9);
             assert!(text.contains("process_cpu_seconds_total "));
+        }
+    }
+
+    #[test]
+    fn expert_load_is_one_counter_per_expert() {
+        let load = std::sync::Arc::new(crate::model::moe::ExpertLoad::new(4));
+        load.record(&[0, 2, 2, 3]);
+        load.record(&[2, 0]);
+        let r = Registry::new();
+        r.register(Box::new(ExpertLoadCollector::new(load))).unwrap();
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&r.gather(), &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("# TYPE civetta_moe_expert_tokens_total counter"), "{text}");
+        for (e, n) in [(0, 2), (1, 0), (2, 3), (3, 1)] {
+            assert!(text.contains(&format!("civetta_moe_expert_tokens_total{{expert=\"{e}\"}} {n}\n")), "expert {e}: {text}");
         }
     }
 }

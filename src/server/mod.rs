@@ -173,6 +173,9 @@ pub async fn run(
     let stats_engine = engine.clone();
     metrics.register(Box::new(metrics::EngineCollector::new(move || stats_engine.stats()))).context("registering metrics")?;
     metrics.register(Box::new(metrics::KernelCollector::global())).context("registering metrics")?;
+    if let Some(load) = engine.model().expert_load() {
+        metrics.register(Box::new(metrics::ExpertLoadCollector::new(load.clone()))).context("registering metrics")?;
+    }
 
     let model_name = if cfg.model.name.is_empty() { info.name.clone() } else { cfg.model.name.clone() };
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));

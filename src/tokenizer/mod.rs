@@ -104,8 +104,20 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// Names that end generation when they are control tokens (as llama.cpp's EOG list).
-const EOG_NAMES: &[&str] =
-    &["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "</s>", "<|end_of_text|>", "<end_of_turn>", "<EOT>"];
+const EOG_NAMES: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|endoftext|>",
+    "<|end|>",
+    "</s>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<EOT>",
+    // gpt-oss (o200k_harmony): the final answer ends with <|return|>, a tool call with <|call|>.
+    "<|return|>",
+    "<|call|>",
+];
 
 /// A piece of input text: raw text to tokenize, or a special token found in it.
 enum Fragment<'a> {
@@ -219,6 +231,13 @@ impl Tokenizer {
                     eog.push(i);
                 }
             }
+        }
+        // Harmony (gpt-oss): <|end|> closes every message, the analysis channel's included, so
+        // it must not end generation where <|return|> and <|call|> do (llama.cpp's o200k_harmony
+        // rule in llama_vocab::load).
+        let named = |n: &str| ids.get(n).copied().filter(|i| eog.contains(i));
+        if let (Some(_), Some(_), Some(end)) = (named("<|return|>"), named("<|call|>"), named("<|end|>")) {
+            eog.retain(|&i| i != end);
         }
         let every_byte_has_a_token = match (&bpe, &spm) {
             (Some(b), _) => b.every_byte_has_a_token(),

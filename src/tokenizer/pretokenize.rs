@@ -13,6 +13,11 @@ pub const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p
 pub const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2: like Llama 3 but single digits.
 pub const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o (o200k; gpt-oss, Llama 4) as llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O writes it:
+/// `(?=[\p{L}])([^a-z])` (a letter other than a-z) is `[^\P{L}a-z]` here, so a word is
+/// "capitals then lower-case" or "capitals" with the contractions, and the punctuation run may
+/// take trailing newlines and slashes.
+pub const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[^\P{L}a-z]*[^\P{L}A-Z]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[^\P{L}a-z]+[^\P{L}A-Z]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen3.5: Qwen2 with combining marks kept inside words.
 pub const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -25,6 +30,7 @@ const STAGES_GPT2: &[&str] = &[GPT2];
 const STAGES_LLAMA3: &[&str] = &[LLAMA3];
 const STAGES_QWEN2: &[&str] = &[QWEN2];
 const STAGES_QWEN35: &[&str] = &[QWEN35];
+const STAGES_GPT4O: &[&str] = &[GPT4O];
 /// StarCoder, Refact, Command-R, SmolLM, ...: every digit alone, then GPT-2.
 const STAGES_STARCODER: &[&str] = &[r"\p{N}", GPT2];
 const STAGES_FALCON: &[&str] = &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"];
@@ -75,6 +81,7 @@ pub fn spec_for(pre: &str) -> PreTokenizerSpec {
             spec(STAGES_QWEN2, false, false)
         }
         "qwen35" => spec(STAGES_QWEN35, false, false),
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" => spec(STAGES_GPT4O, false, false),
         _ => PreTokenizerSpec { stages: STAGES_GPT2, ignore_merges: false, add_bos: false, known: false },
     }
 }
@@ -277,6 +284,7 @@ mod regex_tests {
         STAGES_LLAMA3,
         STAGES_QWEN2,
         STAGES_QWEN35,
+        STAGES_GPT4O,
         STAGES_STARCODER,
         STAGES_FALCON,
         STAGES_DEEPSEEK_LLM,

@@ -178,6 +178,27 @@ fn specials_are_parsed_only_when_asked() {
     assert!(!tk.is_eog(im_start));
 }
 
+/// gpt-oss's harmony tokens: <|return|> and <|call|> end generation, <|end|> (which closes
+/// the analysis message too) does not; without <|return|>/<|call|> <|end|> stays an end (Phi-3).
+#[test]
+fn harmony_ends_on_return_and_call_not_end() {
+    let mut parts = trained_parts(300);
+    for t in ["<|start|>", "<|end|>", "<|return|>", "<|call|>"] {
+        parts.tokens.push(t.into());
+        parts.token_types.push(token_type::CONTROL);
+    }
+    let tk = Tokenizer::from_parts(parts).unwrap();
+    let id = |t: &str| tk.token_id(t).unwrap();
+    assert!(tk.is_eog(id("<|return|>")) && tk.is_eog(id("<|call|>")));
+    assert!(!tk.is_eog(id("<|end|>")) && !tk.is_eog(id("<|start|>")));
+
+    let mut phi = trained_parts(300);
+    phi.tokens.push("<|end|>".into());
+    phi.token_types.push(token_type::CONTROL);
+    let tk = Tokenizer::from_parts(phi).unwrap();
+    assert!(tk.is_eog(tk.token_id("<|end|>").unwrap()));
+}
+
 #[test]
 fn user_defined_tokens_are_always_split_out() {
     let mut parts = trained_parts(300);
@@ -316,6 +337,27 @@ fn llama3_style_template_with_pycompat_methods() {
     assert_eq!(chat::render(py, &[ChatMessage { role: "user".into(), content: " x ".into() }], false, "", "").unwrap(), "X|a-b|yes");
     let err = chat::render("{{ raise_exception('no system role') }}", &[], false, "", "").unwrap_err();
     assert!(format!("{err:#}").contains("no system role"));
+}
+
+/// gpt-oss's harmony template (the real files' tokenizer.chat_template) renders through
+/// minijinja exactly as through jinja2 in HF transformers' setup: tests/fixtures/chat/
+/// gpt-oss-harmony.json, made by scripts/harmony_template_reference.py (the date is the
+/// fixture's fixed one there, today's here).
+#[test]
+fn gpt_oss_harmony_template_renders_as_jinja2() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat/gpt-oss-harmony.json");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let tpl = f["template"].as_str().unwrap();
+    let today = chat::today("%Y-%m-%d");
+    let cases = f["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3);
+    for (i, case) in cases.iter().enumerate() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let add = case["add_generation_prompt"].as_bool().unwrap();
+        let expected = case["expected"].as_str().unwrap().replace(f["fixed_date"].as_str().unwrap(), &today);
+        let out = chat::render(tpl, &msgs, add, "<|startoftext|>", "<|return|>").unwrap();
+        assert_eq!(out, expected, "case {i}");
+    }
 }
 
 #[test]

@@ -907,6 +907,14 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 hp.arch.name()
             );
         }
+        if let Some(s) = &hp.rope_scaling {
+            bail!(
+                "{} backend: RoPE scaling ({:?}, factor {}) runs on the CPU backend only so far",
+                self.api.backend_name(),
+                s.kind,
+                s.factor
+            );
+        }
         if !matches!(hp.head_dim, 64 | 128 | 256) {
             bail!("{} backend: head_dim {} has no attention kernel (64, 128 and 256 are built)", self.api.backend_name(), hp.head_dim);
         }
