@@ -1,16 +1,17 @@
 // Decode mat-vecs on int8 activations (issue #17): y[b][n] (+)= sum_k W[n][k] * x[b][k].
 //
 // The input x is quantised once per launch input by civetta_quantize_q8_1 (kernels/quantize.hip)
-// into blocks of 32 int8 values with a scale d and the block's float sum s (the q8_1 idea of
-// llama.cpp's mmvq). The products are 4-way int8 dot products (dp4a on NVIDIA,
+// into blocks of 32 int8 values with a scale d and s = d * (sum of the block's q) (the q8_1
+// idea of llama.cpp's mmvq). The products are 4-way int8 dot products (dp4a on NVIDIA,
 // v_dot4_i32_iu8 on gfx11), so a lane reads 1 activation byte per weight value instead of 4
 // and does one instruction per 4 multiply-adds.
 //
 // Decode rows are short (a few KB), so a mat-vec is bound by how many bytes are in flight, not
-// by instruction count: every lane issues kUnroll 16-byte weight loads before it uses any, and
+// by instruction count: every lane issues U 16-byte weight loads before it uses any, and
 // G lanes share a row (G = 32: a wave per row, 4 rows per workgroup; 64 and 128: 2 waves or the
-// whole workgroup per row, merged in LDS, for long rows such as the down projection's). The
-// host picks G per shape (src/backend/gpu/mod.rs, `matvec_lanes`).
+// whole workgroup per row, merged in LDS, for long rows such as the down projection's; 16:
+// 8 rows per workgroup with U = 8). The host picks G per shape (src/backend/gpu/mod.rs,
+// `matvec_lanes`).
 //
 // Same fusions as kernels/matvec.hip: up to three matrices with the same input in one launch
 // (rows 0..N0 are W0's, then N1 of W1, then N2 of W2), and accumulate != 0 adds to y (the
@@ -24,12 +25,12 @@
 //     sub-block 2j, 16 high nibbles of sub-block 2j+1) plus the block's 16-byte header.
 // Activations: xq int8 [B][K], xds f32 [B][K/32][2] = (d, s).
 // Grid: (ceil((N0 + N1 + N2) / (128 / G)), ceil(B / NB)); block: 128 threads. _x4: NB = 4.
+// Names: civetta_matvec_{q8p,q4k}_g{16,32,64,128}[_x4].
 #include "civetta_gpu.h"
 
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kUnroll = 4;
 
 // Kernel arguments; named fields, not arrays: a dynamically indexed argument array would be
 // copied to scratch.
@@ -121,13 +122,14 @@ struct Q4K {
     q4k_scale_min(w.h, 2 * j + 1, &sc_hi, &mn_hi);
     float r = d * (sc_lo * ds[0] * (float)dot_lo + sc_hi * ds[2] * (float)dot_hi);
     // The min term needs the sum of all 32 inputs of each sub-block; the two lanes of a
-    // sub-block pair (half 0 and 1) split its values, so only half 0 adds it, with the block sums.
+    // sub-block pair (half 0 and 1) split its values, so only half 0 adds it, with the block
+    // sums s = d * sum(q) of the quantiser.
     if (half == 0) r -= dmin * (mn_lo * ds[1] + mn_hi * ds[3]);
     return r;
   }
 };
 
-template <class Q, int G, int NB>
+template <class Q, int G, int U, int NB>
 CV_DEVICE void matvec(const Args& a) {
   constexpr int kRows = kThreads / G;
   const int tid = (int)cv_tid_x(), t = tid % G;
@@ -150,13 +152,13 @@ CV_DEVICE void matvec(const Args& a) {
   float sum[NB];
   CV_UNROLL for (int r = 0; r < NB; ++r) sum[r] = 0.0f;
   if (valid) {
-    for (int u0 = t; u0 < units; u0 += G * kUnroll) {
-      typename Q::Unit w[kUnroll];
-      CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+    for (int u0 = t; u0 < units; u0 += G * U) {
+      typename Q::Unit w[U];
+      CV_UNROLL for (int i = 0; i < U; ++i) {
         const int u = u0 + i * G;
         w[i] = Q::load(W, S, row, K, u < units ? u : u0);
       }
-      CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+      CV_UNROLL for (int i = 0; i < U; ++i) {
         const int u = u0 + i * G;
         if (u >= units) break;
         CV_UNROLL for (int r = 0; r < NB; ++r) {
@@ -197,20 +199,22 @@ CV_DEVICE void matvec(const Args& a) {
 
 } // namespace
 
-#define CIVETTA_MATVEC_DP4A_ENTRY(Q, NAME, G, NB)                                                                    \
+#define CIVETTA_MATVEC_DP4A_ENTRY(Q, NAME, G, U, NB)                                                                    \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void NAME(                                                                    \
       const cv_u8* W0, const cv_u8* S0, float* y0, int N0, const cv_u8* W1, const cv_u8* S1, float* y1, int N1,      \
       const cv_u8* W2, const cv_u8* S2, float* y2, int N2, const cv_i8* xq, const float* xds, int K, int B,          \
       int accumulate) {                                                                                              \
-    matvec<Q, G, NB>(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});               \
+    matvec<Q, G, U, NB>(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});               \
   }
-#define CIVETTA_MATVEC_DP4A(Q, T, G)                                                                                 \
-  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G, G, 1)                                                      \
-  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x4, G, 4)
+#define CIVETTA_MATVEC_DP4A(Q, T, G, U)                                                                              \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G, G, U, 1)                                                   \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x4, G, U, 4)
 
-CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 32)
-CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 64)
-CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 128)
-CIVETTA_MATVEC_DP4A(Q4K, q4k, 32)
-CIVETTA_MATVEC_DP4A(Q4K, q4k, 64)
-CIVETTA_MATVEC_DP4A(Q4K, q4k, 128)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 16, 8)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 32, 4)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 64, 4)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 128, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 16, 8)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 32, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 64, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 128, 4)

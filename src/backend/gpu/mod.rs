@@ -60,7 +60,7 @@ pub struct GpuOptions {
     pub eager: bool,
     /// Decode mat-vec kernels: "dp4a" (the default, also ""): int8 activations and 4-way
     /// int8 dot products (kernels/matvec_dp4a.hip), lanes per row chosen per shape;
-    /// "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
+    /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
     /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
     pub matvec: String,
 }
@@ -78,11 +78,12 @@ impl MatvecFamily {
     fn parse(s: &str) -> anyhow::Result<Self> {
         Ok(match s {
             "" | "dp4a" => Self::Dp4a { lanes: None },
+            "dp4a-g16" => Self::Dp4a { lanes: Some(16) },
             "dp4a-g32" => Self::Dp4a { lanes: Some(32) },
             "dp4a-g64" => Self::Dp4a { lanes: Some(64) },
             "dp4a-g128" => Self::Dp4a { lanes: Some(128) },
             "wave" => Self::Wave,
-            other => bail!("engine.gpu.matvec = \"{other}\": expected dp4a, dp4a-g32, dp4a-g64, dp4a-g128 or wave"),
+            other => bail!("engine.gpu.matvec = \"{other}\": expected dp4a, dp4a-g16, dp4a-g32, dp4a-g64, dp4a-g128 or wave"),
         })
     }
 
@@ -90,11 +91,23 @@ impl MatvecFamily {
         match self {
             Self::Wave => "wave",
             Self::Dp4a { lanes: None } => "dp4a",
+            Self::Dp4a { lanes: Some(16) } => "dp4a-g16",
             Self::Dp4a { lanes: Some(32) } => "dp4a-g32",
             Self::Dp4a { lanes: Some(64) } => "dp4a-g64",
             Self::Dp4a { lanes: Some(_) } => "dp4a-g128",
         }
     }
+}
+
+/// The q8_1 copy of a buffer that an RMSNorm launch has just written (`rmsnorm_q8_1`), for the
+/// dp4a mat-vec that reads the buffer next. Any other launch or copy drops it first, so it is
+/// never used once the buffer could have changed.
+struct FreshQ8 {
+    /// The normalised buffer and its length in values.
+    x: DevicePtr,
+    len: usize,
+    q: DevBuf,
+    ds: GpuBuffer,
 }
 
 /// How a weight runs in a decode mat-vec: the kernel layout and its device pointers.
@@ -131,12 +144,16 @@ const DP4A_UNROLL: usize = 4;
 /// The dp4a kernel for a layout, lanes per row and 1 or 2-4 activation rows.
 fn dp4a_kernel(kind: MatvecKind, lanes: usize, x4: bool) -> &'static str {
     match (kind, lanes, x4) {
+        (MatvecKind::Q8Planes, 16, false) => "matvec_q8p_g16",
+        (MatvecKind::Q8Planes, 16, true) => "matvec_q8p_g16_x4",
         (MatvecKind::Q8Planes, 32, false) => "matvec_q8p_g32",
         (MatvecKind::Q8Planes, 64, false) => "matvec_q8p_g64",
         (MatvecKind::Q8Planes, _, false) => "matvec_q8p_g128",
         (MatvecKind::Q8Planes, 32, true) => "matvec_q8p_g32_x4",
         (MatvecKind::Q8Planes, 64, true) => "matvec_q8p_g64_x4",
         (MatvecKind::Q8Planes, _, true) => "matvec_q8p_g128_x4",
+        (_, 16, false) => "matvec_q4k_g16",
+        (_, 16, true) => "matvec_q4k_g16_x4",
         (_, 32, false) => "matvec_q4k_g32",
         (_, 64, false) => "matvec_q4k_g64",
         (_, _, false) => "matvec_q4k_g128",
@@ -187,12 +204,16 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     (
         "matvec_dp4a",
         &[
+            ("matvec_q8p_g16", 128),
+            ("matvec_q8p_g16_x4", 128),
             ("matvec_q8p_g32", 128),
             ("matvec_q8p_g64", 128),
             ("matvec_q8p_g128", 128),
             ("matvec_q8p_g32_x4", 128),
             ("matvec_q8p_g64_x4", 128),
             ("matvec_q8p_g128_x4", 128),
+            ("matvec_q4k_g16", 128),
+            ("matvec_q4k_g16_x4", 128),
             ("matvec_q4k_g32", 128),
             ("matvec_q4k_g64", 128),
             ("matvec_q4k_g128", 128),
@@ -201,7 +222,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g128_x4", 128),
         ],
     ),
-    ("norm", &[("rmsnorm", 256)]),
+    ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 256)]),
     ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
     ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
 ];
@@ -369,6 +390,8 @@ pub struct GpuBackend<A: GpuApi> {
     use_graphs: bool,
     /// Decode mat-vec kernels (`GpuOptions::matvec`).
     matvec_family: MatvecFamily,
+    /// Set by `rmsnorm` (decode, dp4a), taken by the next mat-vec, dropped by any other launch.
+    fresh_q8: Mutex<Option<FreshQ8>>,
     tape: Mutex<Tape>,
     graphs: Mutex<GraphCache>,
     /// Set when events recorded inside a graph could not be read: replays are then untimed.
@@ -478,6 +501,7 @@ impl<A: GpuApi> GpuBackend<A> {
             positions: Mutex::new(None),
             use_graphs: !opts.eager,
             matvec_family,
+            fresh_q8: Mutex::new(None),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
             graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
@@ -543,6 +567,8 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     fn try_launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) -> anyhow::Result<()> {
+        // This launch may write the normalised buffer: its q8_1 copy would be stale.
+        drop(self.fresh_q8.lock().take());
         let k = *self.kernels.get(name).with_context(|| format!("kernel {name} is not loaded"))?;
         let shape = shape_class(rows);
         let backend = self.api.backend_name();
@@ -592,6 +618,7 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// A device-to-device copy: on the tape, or queued at once without graphs.
     fn copy_op(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+        drop(self.fresh_q8.lock().take());
         if self.use_graphs {
             self.tape.lock().ops.push(Op::Copy { dst, src, bytes });
             Ok(())
@@ -885,15 +912,23 @@ impl<A: GpuApi> GpuBackend<A> {
             self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
             return Ok(());
         }
-        let xq = self.pooled_alloc(rows * k)?;
-        let xds = self.scratch(rows * k / 16, Elem::F32)?;
-        let blocks = rows * k / 32;
-        self.launch(
-            "quantize_q8_1",
-            rows,
-            [blocks.div_ceil(8), 1, 1],
-            Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(rows * k),
-        );
+        // The input as q8_1: from the RMSNorm that just wrote it, else one quantiser launch.
+        let fresh = self.fresh_q8.lock().take().filter(|f| f.x == x && f.len == rows * k && up == 0);
+        let (xq, xds) = match fresh {
+            Some(f) => (f.q, f.ds),
+            None => {
+                let xq = self.pooled_alloc(rows * k)?;
+                let xds = self.scratch(rows * k / 16, Elem::F32)?;
+                let blocks = rows * k / 32;
+                self.launch(
+                    "quantize_q8_1",
+                    rows,
+                    [blocks.div_ceil(8), 1, 1],
+                    Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(rows * k),
+                );
+                (xq, xds)
+            }
+        };
         let (name, per_group) = (dp4a_kernel(kind, lanes, rows > 1), if rows == 1 { 1 } else { 4 });
         let mut args = Args::default();
         for i in 0..3 {
@@ -1089,6 +1124,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+        drop(self.fresh_q8.lock().take());
         self.flush();
         let b = gbuf(dst);
         if let Err(e) = self.api.upload(b.mem.ptr + offset as u64 * 4, bytemuck_f32(src)) {
@@ -1119,6 +1155,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             }
             quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)?;
         }
+        drop(self.fresh_q8.lock().take());
         self.flush();
         self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
     }
@@ -1127,12 +1164,20 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let WeightData::Vector(wv) = &gweight(w).data else {
             return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
         };
-        self.launch(
-            "rmsnorm",
-            rows,
-            [rows, 1, 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps),
-        );
+        let args = Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps);
+        // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
+        if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= MATVEC_MAX_ROWS && dim.is_multiple_of(32) {
+            let quantised = self.pooled_alloc(rows * dim).and_then(|q| Ok((q, self.scratch(rows * dim / 16, Elem::F32)?)));
+            match quantised {
+                Ok((q, ds)) => {
+                    self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr));
+                    *self.fresh_q8.lock() = Some(FreshQ8 { x: gbuf(out).mem.ptr, len: rows * dim, q, ds });
+                }
+                Err(e) => self.fail(e),
+            }
+            return;
+        }
+        self.launch("rmsnorm", rows, [rows, 1, 1], args);
     }
 
     fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
@@ -1405,6 +1450,26 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matvec_option_names_round_trip() {
+        for name in ["dp4a", "dp4a-g16", "dp4a-g32", "dp4a-g64", "dp4a-g128", "wave"] {
+            assert_eq!(MatvecFamily::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(MatvecFamily::parse("").unwrap(), MatvecFamily::Dp4a { lanes: None });
+        assert!(MatvecFamily::parse("dp4a-g8").is_err());
+    }
+
+    #[test]
+    fn dp4a_lanes_per_row_grow_with_the_row() {
+        // Q8_0 planes: 16 values per load; Q4_K: 32.
+        assert_eq!(matvec_lanes(1536 / 16), 32); // q, k, v, o, gate, up: 3 loads per lane
+        assert_eq!(matvec_lanes(4096 / 16), 64);
+        assert_eq!(matvec_lanes(8960 / 16), 128); // down: the whole workgroup
+        assert_eq!(matvec_lanes(8960 / 32), 128);
+        assert_eq!(dp4a_kernel(MatvecKind::Q4KDp4a, 64, true), "matvec_q4k_g64_x4");
+        assert_eq!(dp4a_kernel(MatvecKind::Q8Planes, 32, false), "matvec_q8p_g32");
+    }
 
     #[test]
     fn newest_compiler_folder_is_the_default() {
