@@ -59,20 +59,23 @@ CV_DEVICE int dot16(const cv_v4i& w, const cv_v4i& x, int acc) {
 // Q8_0 / Q5_0 as an int8 plane and an f16 scale per 32 values.
 struct Q8Planes {
   static constexpr int kValues = 16;
+  // Scalar fields: LLVM 23 left a {vector, float} unit array in scratch.
   struct Unit {
-    cv_v4i q;
+    int q0, q1, q2, q3;
     float d;
   };
   __device__ static __attribute__((always_inline)) Unit load(const cv_u8* W, const cv_u8* S, long row, int K, int u) {
-    Unit w;
-    w.q = *(const cv_v4i*)(W + row * K + u * 16);
-    w.d = (float)((const cv_half*)S)[row * (K / 32) + u / 2];
-    return w;
+    const cv_v4i q = *(const cv_v4i*)(W + row * K + u * 16);
+    return Unit{q.x, q.y, q.z, q.w, (float)((const cv_half*)S)[row * (K / 32) + u / 2]};
   }
   // xq, xds: this activation row's.
   __device__ static __attribute__((always_inline)) float dot(const Unit& w, const cv_i8* xq, const float* xds, int u) {
     const cv_v4i xv = *(const cv_v4i*)(xq + u * 16);
-    return w.d * xds[(u / 2) * 2] * (float)dot16(w.q, xv, 0);
+    int acc = cv_dot4_i8(w.q0, xv.x, 0);
+    acc = cv_dot4_i8(w.q1, xv.y, acc);
+    acc = cv_dot4_i8(w.q2, xv.z, acc);
+    acc = cv_dot4_i8(w.q3, xv.w, acc);
+    return w.d * xds[(u / 2) * 2] * (float)acc;
   }
 };
 
@@ -129,24 +132,23 @@ struct Q4K {
   }
 };
 
+// v0, v1 or v2 (m = 0, 1, 2 or more), taken by value.
+template <class T> CV_DEVICE T pick(int m, T v0, T v1, T v2) { return m == 0 ? v0 : (m == 1 ? v1 : v2); }
+
 template <class Q, int G, int U, int NB>
 CV_DEVICE void matvec(const Args& a) {
   constexpr int kRows = kThreads / G;
   const int tid = (int)cv_tid_x(), t = tid % G;
-  // The matrix and row of this lane group (W null past the last row).
-  int row = (int)cv_bid_x() * kRows + tid / G;
-  const cv_u8 *W = a.W0, *S = a.S0;
-  float* y = a.y0;
-  int N = a.N0;
-  if (row >= a.N0) {
-    row -= a.N0;
-    W = a.W1, S = a.S1, y = a.y1, N = a.N1;
-    if (row >= a.N1) {
-      row -= a.N1;
-      W = a.W2, S = a.S2, y = a.y2, N = a.N2;
-      if (row >= a.N2) W = nullptr;
-    }
-  }
+  // The matrix and row of this lane group (W null past the last row). pick() selects values:
+  // `c ? a.W1 : a.W0` is an lvalue, a select between two field addresses, after which LLVM 23
+  // kept the whole argument struct in scratch.
+  const int r0 = (int)cv_bid_x() * kRows + tid / G, N0 = a.N0, N1 = a.N1, N2 = a.N2;
+  const int m = (r0 >= N0) + (r0 >= N0 + N1) + (r0 >= N0 + N1 + N2);
+  const int row = r0 - (m >= 1 ? N0 : 0) - (m >= 2 ? N1 : 0);
+  const int N = pick(m, N0, N1, N2);
+  const cv_u8* W = m == 3 ? nullptr : pick(m, a.W0, a.W1, a.W2);
+  const cv_u8* S = pick(m, a.S0, a.S1, a.S2);
+  float* y = pick(m, a.y0, a.y1, a.y2);
   const bool valid = W != nullptr;
   const int K = a.K, B = a.B, b0 = (int)cv_bid_y() * NB, units = K / Q::kValues;
   float sum[NB];
