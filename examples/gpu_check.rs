@@ -12,7 +12,7 @@
 //! 256) and synth's sliding window of 8, so the prompt crosses the window on local layers.
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3]
-//!                  [--quants f32,f16,...] [--size small]
+//!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
 use civetta::backend::gpu::GpuOptions;
@@ -107,7 +107,8 @@ fn batch_vs_solo(model: &Model, prompt: &[u32]) -> anyhow::Result<f64> {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let backend = arg(&args, "--backend", "cuda");
-    let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), ..Default::default() };
+    let opts =
+        GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), matvec: arg(&args, "--gpu-matvec", ""), ..Default::default() };
     let archs = arg(&args, "--archs", "llama,qwen2,qwen3,gemma3");
     let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k");
     let size = arg(&args, "--size", "small");

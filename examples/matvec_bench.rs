@@ -4,9 +4,14 @@
 //! device-to-device copy, counted as read + write like torch's figure in docs/GPU.md).
 //!
 //! usage: matvec_bench -m MODEL.gguf [--backend cuda|hip] [--kernel-dir DIR] [--iters 200]
-//!                     [--rows 1,4,8,16]
+//!                     [--rows 1,4,8,16] [--variants dp4a,wave,...]
 //! Prints a markdown table (docs/GPU.md, "Mat-vec bandwidth"). Rows > 1 are batched decode
 //! (one activation row per sequence); the table's GB/s counts the weights once per launch.
+//! Each `--variants` entry is a `GpuOptions::matvec` value (one backend each); every result is
+//! also compared with the CPU backend's matmul on the same input (relative L2 error), so a
+//! kernel that is fast but wrong shows up here before the model-level parity check.
+//! "µs / call" is the kernel alone (an event pair around each launch); "µs, queued" is the wall
+//! time per launch of `iters` launches queued back to back (launch gaps included).
 
 use civetta::backend::gpu::GpuOptions;
 use civetta::gguf::GgufFile;
@@ -30,10 +35,13 @@ fn main() -> anyhow::Result<()> {
     let backend = arg(&args, "--backend", "cuda");
     let iters: usize = arg(&args, "--iters", "200").parse()?;
     let rows_list: Vec<usize> = arg(&args, "--rows", "1").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
+    let variants: Vec<String> = arg(&args, "--variants", "dp4a").split(',').map(String::from).collect();
     // Eager launches: each one gets its own event pair.
     let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), eager: true, ..Default::default() };
-    let be = civetta::backend::create_with(&backend, 0, &opts)?;
+    let be = civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: variants[0].clone(), ..opts.clone() })?;
     let file = Arc::new(GgufFile::open(std::path::Path::new(&model))?);
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpu = civetta::backend::create("cpu", threads)?;
 
     // Copy bandwidth: 1 GiB device to device, median of 10.
     let n = 256 << 20;
@@ -55,57 +63,87 @@ fn main() -> anyhow::Result<()> {
         return Err(e);
     }
     println!("device {} | copy bandwidth {copy_gbs:.0} GB/s (read + write, 1 GiB, median of 10)\n", be.fingerprint()["device"]);
-    println!("| tensor | type | N x K | rows | kernel | µs / call | weight GB/s | of copy bw |");
-    println!("|---|---|---|---:|---|---:|---:|---:|");
+    println!("| tensor | type | N x K | rows | variant | kernel | µs / call | weight GB/s | of copy bw | µs, queued | rel. L2 vs CPU |");
+    println!("|---|---|---|---:|---|---|---:|---:|---:|---:|---:|");
 
     let mut names: Vec<String> = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
         .iter()
         .map(|t| format!("blk.0.{t}.weight"))
         .collect();
     names.push(if file.tensors.iter().any(|t| t.name == "output.weight") { "output.weight" } else { "token_embd.weight" }.into());
+    let mut backends = vec![be];
+    for v in &variants[1..] {
+        backends.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
+    }
     for name in names {
         let Some(info) = file.tensors.iter().find(|t| t.name == name) else { continue };
         let bytes = file.tensor_data(info).len();
-        let w = be.load_weight(&file, &name)?;
+        let cw = cpu.load_weight(&file, &name)?;
         for &rows in &rows_list {
-            let mut x = be.alloc(rows * w.cols)?;
-            let host: Vec<f32> = (0..rows * w.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
-            be.write(&mut x, 0, &host);
-            let mut y = be.alloc(rows * w.rows)?;
-            for _ in 0..10 {
-                be.matmul(&w, &x, rows, &mut y);
+            let host: Vec<f32> = (0..rows * cw.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+            let mut want = vec![0f32; rows * cw.rows];
+            {
+                let mut x = cpu.alloc(rows * cw.cols)?;
+                cpu.write(&mut x, 0, &host);
+                let mut y = cpu.alloc(rows * cw.rows)?;
+                cpu.matmul(&cw, &x, rows, &mut y);
+                cpu.read(&y, 0, &mut want);
             }
-            be.synchronize();
-            kernel_registry::configure(true, 1.0);
-            kernel_registry::registry().reset();
-            for _ in 0..iters {
-                be.matmul(&w, &x, rows, &mut y);
+            for (variant, be) in variants.iter().zip(&backends) {
+                let w = be.load_weight(&file, &name)?;
+                let mut x = be.alloc(rows * w.cols)?;
+                be.write(&mut x, 0, &host);
+                let mut y = be.alloc(rows * w.rows)?;
+                for _ in 0..10 {
+                    be.matmul(&w, &x, rows, &mut y);
+                }
+                be.synchronize();
+                let mut got = vec![0f32; rows * w.rows];
+                be.read(&y, 0, &mut got);
+                let (mut num, mut den) = (0f64, 0f64);
+                for (g, r) in got.iter().zip(&want) {
+                    num += f64::from(g - r).powi(2);
+                    den += f64::from(*r).powi(2);
+                }
+                let rel = (num / den.max(1e-30)).sqrt();
+                // Queued back to back, untimed: launch gaps included.
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    be.matmul(&w, &x, rows, &mut y);
+                }
+                be.synchronize();
+                let queued = t0.elapsed().as_secs_f64() / iters as f64;
+                kernel_registry::configure(true, 1.0);
+                kernel_registry::registry().reset();
+                for _ in 0..iters {
+                    be.matmul(&w, &x, rows, &mut y);
+                }
+                be.synchronize();
+                let snap = kernel_registry::registry().snapshot();
+                kernel_registry::configure(false, 1.0);
+                if let Some(e) = be.take_error() {
+                    return Err(e);
+                }
+                // The mat-vec kernel of this call (the one with the most time of those launched
+                // `iters` times); a quantiser launch before it is added to its time.
+                let launched: Vec<_> = snap.iter().filter(|s| s.calls as usize >= iters && s.timed_calls > 0).collect();
+                let Some(k) = launched.iter().max_by(|a, b| a.total_seconds.total_cmp(&b.total_seconds)) else {
+                    continue;
+                };
+                let per_call: f64 = launched.iter().map(|s| s.timed_seconds / s.timed_calls as f64).sum();
+                let gbs = bytes as f64 / per_call / 1e9;
+                let kernel = launched.iter().map(|s| s.key.kernel.to_string()).collect::<Vec<_>>().join(" + ");
+                let _ = k;
+                println!(
+                    "| {name} | {} | {} x {} | {rows} | {variant} | {kernel} | {:.2} | {gbs:.0} | {:.0}% | {:.2} | {rel:.2e} |",
+                    w.ggml_type,
+                    w.rows,
+                    w.cols,
+                    per_call * 1e6,
+                    100.0 * gbs / copy_gbs,
+                    queued * 1e6,
+                );
             }
-            be.synchronize();
-            let snap = kernel_registry::registry().snapshot();
-            kernel_registry::configure(false, 1.0);
-            if let Some(e) = be.take_error() {
-                return Err(e);
-            }
-            // The mat-vec kernel of this call (the one launched `iters` times).
-            let Some(k) = snap
-                .iter()
-                .filter(|s| s.calls as usize >= iters && s.timed_calls > 0)
-                .max_by(|a, b| a.total_seconds.total_cmp(&b.total_seconds))
-            else {
-                continue;
-            };
-            let per_call = k.timed_seconds / k.timed_calls as f64;
-            let gbs = bytes as f64 / per_call / 1e9;
-            println!(
-                "| {name} | {} | {} x {} | {rows} | {} | {:.2} | {gbs:.0} | {:.0}% |",
-                w.ggml_type,
-                w.rows,
-                w.cols,
-                k.key.kernel,
-                per_call * 1e6,
-                100.0 * gbs / copy_gbs
-            );
         }
     }
     Ok(())

@@ -10,7 +10,8 @@
 //   each thread keeps 32 dims of q and of the output in registers), 32-key tiles in LDS.
 //   Grid: (ceil(T/32), Hq); block: 128 threads (D <= 128) or 256 (D = 256).
 // civetta_attn_decode_d{64,128,256}: one query per head against all S keys (T = 1).
-//   4 waves split the keys, each lane owns D/32 dims; the waves merge in LDS.
+//   4 waves split the keys (each loads 4 keys, 2 at D = 256, per step), each lane owns D/32
+//   dims; the waves merge in LDS.
 //   Grid: (Hq); block: 128 threads. A sliding window needs no kernel support here: the
 //   host passes the cache from the window's first key on.
 // civetta_attn_decode_pos_d{64,128,256}: the same, S = pos[0] + 1 read from device memory (decode
@@ -117,15 +118,36 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
     acc[i] = 0.0f;
   }
   float m = -__builtin_inff(), l = 0.0f;
-  for (int key = wave; key < S; key += kWaves) {
-    const long base = ((long)key * Hkv + kv_head) * D + d0;
-    float part = 0.0f;
-    CV_UNROLL for (int i = 0; i < kDims; ++i) part += qv[i] * (float)k_cache[base + i];
-    const float s = cv_wave_sum(part);
-    const float m_new = __builtin_fmaxf(m, s);
-    const float correction = cv_exp(m - m_new), p = cv_exp(s - m_new);
-    l = l * correction + p;
-    CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] = acc[i] * correction + p * (float)v_cache[base + i];
+  // kKeys keys per wave and step, their K and V rows loaded before any is used: a decode step
+  // is a chain of dependent cache reads, and kKeys of them in flight shorten it kKeys times.
+  constexpr int kKeys = D <= 128 ? 4 : 2;
+  for (int key0 = wave; key0 < S; key0 += kWaves * kKeys) {
+    cv_half kh[kKeys][kDims], vh[kKeys][kDims];
+    CV_UNROLL for (int j = 0; j < kKeys; ++j) {
+      const int key = key0 + j * kWaves;
+      const long base = ((long)(key < S ? key : key0) * Hkv + kv_head) * D + d0;
+      CV_UNROLL for (int i = 0; i < kDims; ++i) {
+        kh[j][i] = k_cache[base + i];
+        vh[j][i] = v_cache[base + i];
+      }
+    }
+    float s[kKeys];
+    float m_new = m;
+    CV_UNROLL for (int j = 0; j < kKeys; ++j) {
+      float part = 0.0f;
+      CV_UNROLL for (int i = 0; i < kDims; ++i) part += qv[i] * (float)kh[j][i];
+      const float dot = cv_wave_sum(part);
+      s[j] = key0 + j * kWaves < S ? dot : -__builtin_inff();
+      m_new = __builtin_fmaxf(m_new, s[j]);
+    }
+    const float correction = cv_exp(m - m_new); // key0 < S: m_new is finite
+    l *= correction;
+    CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] *= correction;
+    CV_UNROLL for (int j = 0; j < kKeys; ++j) {
+      const float p = cv_exp(s[j] - m_new); // 0 for keys past S
+      l += p;
+      CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] += p * (float)vh[j][i];
+    }
     m = m_new;
   }
 

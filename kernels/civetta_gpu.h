@@ -104,6 +104,17 @@ CV_DEVICE float cv_group_sum(float v, unsigned width) {
   return v;
 }
 
+// ---- 4-way int8 dot product: acc + sum of a.byte[i] * b.byte[i], all signed ----
+CV_DEVICE int cv_dot4_i8(int a, int b, int acc) {
+#if CV_AMD
+  return __builtin_amdgcn_sudot4(true, a, true, b, acc, false); // v_dot4_i32_iu8 (gfx11)
+#else
+  int r; // clang has no builtin for dp4a
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
+  return r;
+#endif
+}
+
 // ---- fast math ----
 CV_DEVICE float cv_exp2(float x) {
 #if CV_AMD

@@ -18,3 +18,27 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_act_q8(const float* x, cv_
   q[i] = (cv_i8)__builtin_rintf(v * inv);
   if (cv_lane() == 0) scale[block] = d;
 }
+
+// Decode mat-vec input (kernels/matvec_dp4a.hip): x, or silu(x) * up when up != null (SwiGLU
+// folded into the down projection's input), as int8 blocks of 32 with the scale d and
+// s = d * (sum of the block's q), which Q4_K's min term needs: q: int8 [n], ds: f32 [n/32][2] = (d, s).
+// Same rounding as civetta_quantize_act_q8. One wave per block; grid: ceil(n/32/8) x 256 threads.
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_q8_1(const float* x, const float* up, cv_i8* q, float* ds, int n) {
+  const int block = (int)(cv_bid_x() * 8 + cv_tid_x() / CV_WAVE);
+  if (block * 32 >= n) return;
+  const int i = block * 32 + (int)cv_lane();
+  float v = x[i];
+  if (up) v = v * cv_rcp(1.0f + cv_exp(-v)) * up[i]; // the arithmetic of civetta_silu_mul
+  const float amax = cv_wave_max(__builtin_fabsf(v));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const float qv = __builtin_rintf(v * inv);
+  // s is the sum of the quantised values (d * sum q), not of x: Q4_K's min term then uses the
+  // same input as its scale term, so the dot product is exactly W . dequant(q) like the CPU's
+  // (with the float sum, the two terms' rounding errors do not cancel: 2e-2 relative error).
+  const float sum = cv_wave_sum(qv);
+  q[i] = (cv_i8)qv;
+  if (cv_lane() == 0) {
+    ds[2 * block] = amax / 127.0f;
+    ds[2 * block + 1] = amax / 127.0f * sum;
+  }
+}

@@ -4,7 +4,7 @@
 #
 # Runs on an NVIDIA machine without network or Rust: everything it needs comes prepared in
 # a folder (default .gpu/) made on the build machine by `scripts/gpu-check.sh prepare`:
-#   civetta, gpu_check, stream_client   release builds with --features cuda, stripped
+#   civetta, gpu_check, stream_client, matvec_bench   release builds with --features cuda, stripped
 #   kernels/sm_90/*.ptx                  `make kernels-ptx` (clang-22 -x cuda)
 #   llama.cpp-src.tar.xz                 llama.cpp from the llama-cpp-python 0.3.36 sdist
 #
@@ -19,12 +19,12 @@ OUT=${OUT:-build/gpu-check}
 BENCH_MODEL_ARGS=${BENCH_ARGS:---arch llama --quant q8_0 --size 1b --layers 28 --dim 1536 --ffn 8960 --heads 12 --kv-heads 2 --context 8192}
 
 if [[ "${1:-}" == prepare ]]; then
-  cargo build --release --features cuda --bin civetta --example gpu_check --example stream_client
+  cargo build --release --features cuda --bin civetta --example gpu_check --example stream_client --example matvec_bench
   make kernels-ptx CLANG="${CLANG:-clang-22}" CUDA_ARCH=sm_90
   rm -rf "$GPU_DIR/kernels" && mkdir -p "$GPU_DIR/kernels"
   ptx_dir=$(ls -d build/kernels/clang-*/sm_90 | sort -V | tail -1)
   cp -r "$ptx_dir" "$GPU_DIR/kernels/sm_90"
-  for b in civetta examples/gpu_check examples/stream_client; do strip -o "$GPU_DIR/$(basename $b)" "target/release/$b"; done
+  for b in civetta examples/gpu_check examples/stream_client examples/matvec_bench; do strip -o "$GPU_DIR/$(basename $b)" "target/release/$b"; done
   src=build/llama.cpp/src
   [[ -d $src ]] || scripts/llama-cpp-reference.sh build
   tmp=$(mktemp -d)
@@ -108,6 +108,12 @@ print("\nper-kernel (timing on):")
 for k in sorted(on["profile"]["kernels"], key=lambda k: -k.get("total_seconds", 0))[:16]:
     print({x: k[x] for x in k if x in ("kernel", "shape_class", "calls", "mean_seconds", "total_seconds")})
 EOF
+  if [[ -x "$GPU_DIR/matvec_bench" ]]; then
+    stamp "decode mat-vec bandwidth per matrix: dp4a (default) vs wave (matvec_bench)"
+    "$GPU_DIR/matvec_bench" -m $BENCH_MODEL --kernel-dir "$KDIR" --rows 1,4 --iters 100 --variants dp4a,wave > "$OUT/matvec.md" 2>&1 \
+      || echo "MATVEC_BENCH FAILED"
+    grep -E "copy bandwidth|\| 1 \|" "$OUT/matvec.md" | head -20
+  fi
   true
 fi
 
@@ -120,7 +126,7 @@ if has metrics; then
   "$GPU_DIR/stream_client" --addr http://127.0.0.1:50071 --prompt "The capital of France is" --max-tokens 32 > "$OUT/stream.txt" 2>&1 || cat "$OUT/stream.txt"
   curl -s http://127.0.0.1:9571/metrics > "$OUT/metrics.txt" || true
   kill $serve_pid; wait $serve_pid || true
-  grep -E '^civetta_kernel_(vgprs|scratch_bytes|lds_bytes|occupancy_waves|duration_seconds_count)\{' "$OUT/metrics.txt" | grep -E 'gemm_w8a8|matvec_q8_0|attn_decode' | head -16
+  grep -E '^civetta_kernel_(vgprs|scratch_bytes|lds_bytes|occupancy_waves|duration_seconds_count)\{' "$OUT/metrics.txt" | grep -E 'gemm_w8a8|matvec_|attn_decode' | head -16
 fi
 if has llama; then
   stamp "waiting for the llama.cpp build"
@@ -140,6 +146,27 @@ for t in civ["tests"]:
     l = llama(t["kind"], int(t["name"][2:]))
     print(f"| {t['name']} | {t['mean_tps']:.1f} | {l:.1f} | {t['mean_tps'] / l:.2f}x |" if l else f"| {t['name']} | {t['mean_tps']:.1f} | - | - |")
 EOF
+    # summary.json (issue #17): civetta vs llama.cpp per test, and decode t/s over the bandwidth
+    # bound (copy bandwidth / bench-model file size, about the weight bytes read per token).
+    python3 - "$OUT/civetta-off.json" "$OUT/llama-bench.json" "$OUT/bandwidth.txt" "$BENCH_MODEL" "$BENCH_MODEL_ARGS" \
+      > "$OUT/summary.json" <<'EOF' || true
+import json, os, re, sys
+civ = json.load(open(sys.argv[1])); ll = json.load(open(sys.argv[2]))
+bw = re.search(r"([0-9.]+) GB/s", open(sys.argv[3]).read() if os.path.exists(sys.argv[3]) else "")
+def llama(kind, n):
+    for r in ll:
+        if kind == "pp" and r["n_prompt"] == n and r["n_gen"] == 0: return r["avg_ts"]
+        if kind == "tg" and r["n_gen"] == n and r["n_prompt"] == 0: return r["avg_ts"]
+tests = []
+for t in civ["tests"]:
+    l = llama(t["kind"], int(t["name"][2:]))
+    tests.append({"model": sys.argv[5], "test": t["name"], "civetta": round(t["mean_tps"], 1),
+                  "llama_cpp": round(l, 1) if l else None, "ratio": round(t["mean_tps"] / l, 3) if l else None})
+tg = [t for t in civ["tests"] if t["kind"] == "tg"]
+bound = float(bw.group(1)) * 1e9 / os.path.getsize(sys.argv[4]) if bw else None
+print(json.dumps({"tests": tests, "roofline_fraction": round(tg[0]["mean_tps"] / bound, 3) if tg and bound else None}, indent=1))
+EOF
+    cat "$OUT/summary.json"
   else
     echo "llama.cpp build failed:"; tail -20 "$OUT/llama-build.log" "$OUT/llama-cmake.log" 2>/dev/null || true
   fi

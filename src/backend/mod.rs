@@ -372,6 +372,9 @@ pub struct BackendArgs {
     /// GPU: queue every launch on its own instead of replaying captured decode graphs.
     #[arg(long)]
     pub gpu_eager: bool,
+    /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
+    #[arg(long)]
+    pub gpu_matvec: Option<String>,
 }
 
 impl BackendArgs {
@@ -382,6 +385,7 @@ impl BackendArgs {
             sched_barrier: self.sched_barrier,
             weights: String::new(),
             eager: self.gpu_eager,
+            matvec: self.gpu_matvec.clone().unwrap_or_default(),
         }
     }
 }

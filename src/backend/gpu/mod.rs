@@ -58,6 +58,109 @@ pub struct GpuOptions {
     /// Queue every launch on its own instead of capturing repeated steps (decode) into
     /// device graphs and replaying them (`graph.rs`). For comparisons and as a way out.
     pub eager: bool,
+    /// Decode mat-vec kernels: "dp4a" (the default, also ""): int8 activations and 4-way
+    /// int8 dot products (kernels/matvec_dp4a.hip), lanes per row chosen per shape;
+    /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
+    /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
+    pub matvec: String,
+}
+
+/// Which decode mat-vec kernels run (`GpuOptions::matvec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MatvecFamily {
+    /// kernels/matvec.hip: f32 activations, one wave per row.
+    Wave,
+    /// kernels/matvec_dp4a.hip: int8 activations; `lanes` per row, or chosen per shape.
+    Dp4a { lanes: Option<usize> },
+}
+
+impl MatvecFamily {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "" | "dp4a" => Self::Dp4a { lanes: None },
+            "dp4a-g16" => Self::Dp4a { lanes: Some(16) },
+            "dp4a-g32" => Self::Dp4a { lanes: Some(32) },
+            "dp4a-g64" => Self::Dp4a { lanes: Some(64) },
+            "dp4a-g128" => Self::Dp4a { lanes: Some(128) },
+            "wave" => Self::Wave,
+            other => bail!("engine.gpu.matvec = \"{other}\": expected dp4a, dp4a-g16, dp4a-g32, dp4a-g64, dp4a-g128 or wave"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Wave => "wave",
+            Self::Dp4a { lanes: None } => "dp4a",
+            Self::Dp4a { lanes: Some(16) } => "dp4a-g16",
+            Self::Dp4a { lanes: Some(32) } => "dp4a-g32",
+            Self::Dp4a { lanes: Some(64) } => "dp4a-g64",
+            Self::Dp4a { lanes: Some(_) } => "dp4a-g128",
+        }
+    }
+}
+
+/// The q8_1 copy of a buffer that an RMSNorm launch has just written (`rmsnorm_q8_1`), for the
+/// dp4a mat-vec that reads the buffer next. Any other launch or copy drops it first, so it is
+/// never used once the buffer could have changed.
+struct FreshQ8 {
+    /// The normalised buffer and its length in values.
+    x: DevicePtr,
+    len: usize,
+    q: DevBuf,
+    ds: GpuBuffer,
+}
+
+/// How a weight runs in a decode mat-vec: the kernel layout and its device pointers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MatvecKind {
+    /// kernels/matvec.hip on raw blocks (f32 activations).
+    Q8_0Blocks,
+    Q4KBlocks,
+    Q6KBlocks,
+    /// kernels/matvec_dp4a.hip on the int8 + f16 scale planes (Q8_0, Q5_0).
+    Q8Planes,
+    /// kernels/matvec_dp4a.hip on raw Q4_K blocks.
+    Q4KDp4a,
+}
+
+#[derive(Clone, Copy)]
+struct MatvecWeight {
+    kind: MatvecKind,
+    /// Raw blocks, or the int8 plane.
+    w: DevicePtr,
+    /// The f16 scale plane (Q8Planes), else 0.
+    s: DevicePtr,
+}
+
+/// Lanes per row of a dp4a mat-vec with `units` 16-byte weight loads per row: the fewest that
+/// give each lane at most `DP4A_UNROLL` loads (all in flight at once), else a whole workgroup.
+fn matvec_lanes(units: usize) -> usize {
+    [32, 64].into_iter().find(|g| units.div_ceil(*g) <= DP4A_UNROLL).unwrap_or(128)
+}
+
+/// kernels/matvec_dp4a.hip's kUnroll.
+const DP4A_UNROLL: usize = 4;
+
+/// The dp4a kernel for a layout, lanes per row and 1 or 2-4 activation rows.
+fn dp4a_kernel(kind: MatvecKind, lanes: usize, x4: bool) -> &'static str {
+    match (kind, lanes, x4) {
+        (MatvecKind::Q8Planes, 16, false) => "matvec_q8p_g16",
+        (MatvecKind::Q8Planes, 16, true) => "matvec_q8p_g16_x4",
+        (MatvecKind::Q8Planes, 32, false) => "matvec_q8p_g32",
+        (MatvecKind::Q8Planes, 64, false) => "matvec_q8p_g64",
+        (MatvecKind::Q8Planes, _, false) => "matvec_q8p_g128",
+        (MatvecKind::Q8Planes, 32, true) => "matvec_q8p_g32_x4",
+        (MatvecKind::Q8Planes, 64, true) => "matvec_q8p_g64_x4",
+        (MatvecKind::Q8Planes, _, true) => "matvec_q8p_g128_x4",
+        (_, 16, false) => "matvec_q4k_g16",
+        (_, 16, true) => "matvec_q4k_g16_x4",
+        (_, 32, false) => "matvec_q4k_g32",
+        (_, 64, false) => "matvec_q4k_g64",
+        (_, _, false) => "matvec_q4k_g128",
+        (_, 32, true) => "matvec_q4k_g32_x4",
+        (_, 64, true) => "matvec_q4k_g64_x4",
+        (_, _, true) => "matvec_q4k_g128_x4",
+    }
 }
 
 /// Decode batches up to this many rows use the mat-vec kernels; larger ones the GEMMs.
@@ -98,8 +201,29 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q6_k_x4", 128),
         ],
     ),
-    ("norm", &[("rmsnorm", 256)]),
-    ("quantize", &[("quantize_act_q8", 256)]),
+    (
+        "matvec_dp4a",
+        &[
+            ("matvec_q8p_g16", 128),
+            ("matvec_q8p_g16_x4", 128),
+            ("matvec_q8p_g32", 128),
+            ("matvec_q8p_g64", 128),
+            ("matvec_q8p_g128", 128),
+            ("matvec_q8p_g32_x4", 128),
+            ("matvec_q8p_g64_x4", 128),
+            ("matvec_q8p_g128_x4", 128),
+            ("matvec_q4k_g16", 128),
+            ("matvec_q4k_g16_x4", 128),
+            ("matvec_q4k_g32", 128),
+            ("matvec_q4k_g64", 128),
+            ("matvec_q4k_g128", 128),
+            ("matvec_q4k_g32_x4", 128),
+            ("matvec_q4k_g64_x4", 128),
+            ("matvec_q4k_g128_x4", 128),
+        ],
+    ),
+    ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 256)]),
+    ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
     ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
 ];
 
@@ -264,6 +388,10 @@ pub struct GpuBackend<A: GpuApi> {
     positions: Mutex<Option<Positions>>,
     /// Capture repeated steps into graphs (`GpuOptions::eager` off).
     use_graphs: bool,
+    /// Decode mat-vec kernels (`GpuOptions::matvec`).
+    matvec_family: MatvecFamily,
+    /// Set by `rmsnorm` (decode, dp4a), taken by the next mat-vec, dropped by any other launch.
+    fresh_q8: Mutex<Option<FreshQ8>>,
     tape: Mutex<Tape>,
     graphs: Mutex<GraphCache>,
     /// Set when events recorded inside a graph could not be read: replays are then untimed.
@@ -318,6 +446,7 @@ impl<A: GpuApi> GpuBackend<A> {
             "host" => true,
             other => bail!("engine.gpu.weights = \"{other}\": expected \"device\" or \"host\""),
         };
+        let matvec_family = MatvecFamily::parse(&opts.matvec)?;
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
         let mut variant = "default";
@@ -371,6 +500,8 @@ impl<A: GpuApi> GpuBackend<A> {
             error: Mutex::new(None),
             positions: Mutex::new(None),
             use_graphs: !opts.eager,
+            matvec_family,
+            fresh_q8: Mutex::new(None),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
             graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
@@ -436,6 +567,8 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     fn try_launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) -> anyhow::Result<()> {
+        // This launch may write the normalised buffer: its q8_1 copy would be stale.
+        drop(self.fresh_q8.lock().take());
         let k = *self.kernels.get(name).with_context(|| format!("kernel {name} is not loaded"))?;
         let shape = shape_class(rows);
         let backend = self.api.backend_name();
@@ -485,6 +618,7 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// A device-to-device copy: on the tape, or queued at once without graphs.
     fn copy_op(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+        drop(self.fresh_q8.lock().take());
         if self.use_graphs {
             self.tape.lock().ops.push(Op::Copy { dst, src, bytes });
             Ok(())
@@ -694,9 +828,8 @@ impl<A: GpuApi> GpuBackend<A> {
     fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
         let (n, k) = (w.rows, w.cols);
         let gw = gweight(w);
-        if let Some((name, blocks)) = matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
-            self.matvec(name, &[(blocks, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
-            return Ok(());
+        if let Some(mw) = self.matvec_weight(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            return self.matvec(&[(mw, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
         }
         if let Some((name, blocks)) = matvec_q5_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
             self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
@@ -737,33 +870,88 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
-    /// One mat-vec launch (`kernels/matvec.hip`) over up to three matrices of `k` columns that
-    /// share the input: `parts` are (raw blocks, output, rows of the matrix). `up` != 0 makes
-    /// the input silu(x) * up; `accumulate` adds to the outputs.
+    /// One mat-vec launch over up to three matrices of `k` columns that share the input:
+    /// `parts` are (weight, output, rows of the matrix), all of one `MatvecKind`. `up` != 0
+    /// makes the input silu(x) * up; `accumulate` adds to the outputs. The dp4a kernels get
+    /// their input quantised by one `quantize_q8_1` launch first (SwiGLU included).
     #[allow(clippy::too_many_arguments)]
     fn matvec(
         &self,
-        name: &'static str,
-        parts: &[(DevicePtr, DevicePtr, usize)],
+        parts: &[(MatvecWeight, DevicePtr, usize)],
         x: DevicePtr,
         up: DevicePtr,
         k: usize,
         rows: usize,
         accumulate: bool,
-    ) {
+    ) -> anyhow::Result<()> {
         debug_assert!((1..=3).contains(&parts.len()) && rows <= MATVEC_MAX_ROWS);
-        // One row: the plain build; more: the _x4 build (4 activation rows per weight read).
-        let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
-        let mut args = Args::default();
-        let mut total = 0;
-        for i in 0..3 {
-            let (wp, yp, n) = parts.get(i).copied().unwrap_or((0, 0, 0));
-            args = args.ptr(wp).ptr(yp).i32(n);
-            total += n;
+        let kind = parts[0].0.kind;
+        debug_assert!(parts.iter().all(|p| p.0.kind == kind));
+        let total: usize = parts.iter().map(|p| p.2).sum();
+        let lanes = match (kind, self.matvec_family) {
+            (MatvecKind::Q8Planes | MatvecKind::Q4KDp4a, MatvecFamily::Dp4a { lanes }) => {
+                lanes.unwrap_or_else(|| matvec_lanes(k / if kind == MatvecKind::Q8Planes { 16 } else { 32 }))
+            }
+            _ => 0,
+        };
+        if lanes == 0 {
+            // kernels/matvec.hip: one wave per matrix row, 4 rows per workgroup; one row: the
+            // plain build, more: the _x4 build (4 activation rows per weight read).
+            let name = match kind {
+                MatvecKind::Q8_0Blocks => "matvec_q8_0",
+                MatvecKind::Q4KBlocks => "matvec_q4_k",
+                _ => "matvec_q6_k",
+            };
+            let (name, per_group) = if rows == 1 { (name, 1) } else { (x4_name(name), 4) };
+            let mut args = Args::default();
+            for i in 0..3 {
+                let (wp, yp, n) = parts.get(i).map(|p| (p.0.w, p.1, p.2)).unwrap_or((0, 0, 0));
+                args = args.ptr(wp).ptr(yp).i32(n);
+            }
+            let args = args.ptr(x).ptr(up).i32(k).i32(rows).i32(usize::from(accumulate));
+            self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
+            return Ok(());
         }
-        let args = args.ptr(x).ptr(up).i32(k).i32(rows).i32(usize::from(accumulate));
-        // One wave per matrix row, 4 rows per workgroup.
-        self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
+        // The input as q8_1: from the RMSNorm that just wrote it, else one quantiser launch.
+        let fresh = self.fresh_q8.lock().take().filter(|f| f.x == x && f.len == rows * k && up == 0);
+        let (xq, xds) = match fresh {
+            Some(f) => (f.q, f.ds),
+            None => {
+                let xq = self.pooled_alloc(rows * k)?;
+                let xds = self.scratch(rows * k / 16, Elem::F32)?;
+                let blocks = rows * k / 32;
+                self.launch(
+                    "quantize_q8_1",
+                    rows,
+                    [blocks.div_ceil(8), 1, 1],
+                    Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(rows * k),
+                );
+                (xq, xds)
+            }
+        };
+        let (name, per_group) = (dp4a_kernel(kind, lanes, rows > 1), if rows == 1 { 1 } else { 4 });
+        let mut args = Args::default();
+        for i in 0..3 {
+            let (wp, sp, yp, n) = parts.get(i).map(|p| (p.0.w, p.0.s, p.1, p.2)).unwrap_or((0, 0, 0, 0));
+            args = args.ptr(wp).ptr(sp).ptr(yp).i32(n);
+        }
+        let args = args.ptr(xq.ptr).ptr(xds.mem.ptr).i32(k).i32(rows).i32(usize::from(accumulate));
+        self.launch(name, rows, [total.div_ceil(128 / lanes), rows.div_ceil(per_group), 1], args);
+        Ok(())
+    }
+
+    /// The decode mat-vec layout of a weight and its device pointers, if its type has one.
+    fn matvec_weight(&self, w: &Weight) -> Option<MatvecWeight> {
+        let dp4a = matches!(self.matvec_family, MatvecFamily::Dp4a { .. });
+        let (kind, wp, sp) = match (&gweight(w).data, w.ggml_type) {
+            (WeightData::Q8_0 { qs, scales, .. }, GgmlType::Q8_0 | GgmlType::Q5_0) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
+            (WeightData::Q8_0 { blocks, .. }, GgmlType::Q8_0) => (MatvecKind::Q8_0Blocks, blocks.ptr, 0),
+            (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) if dp4a => (MatvecKind::Q4KDp4a, blocks.ptr, 0),
+            (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) => (MatvecKind::Q4KBlocks, blocks.ptr, 0),
+            (WeightData::KQuant { blocks, .. }, GgmlType::Q6_K) => (MatvecKind::Q6KBlocks, blocks.ptr, 0),
+            _ => return None,
+        };
+        Some(MatvecWeight { kind, w: wp, s: sp })
     }
 
     fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
@@ -818,21 +1006,6 @@ impl<A: GpuApi> GpuBackend<A> {
             _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
         })
     }
-}
-
-/// The decode mat-vec kernel of a weight and its raw blocks, if its type has one.
-fn matvec_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
-    let blocks = match &gweight(w).data {
-        WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } => blocks.ptr,
-        _ => return None,
-    };
-    let name = match w.ggml_type {
-        GgmlType::Q8_0 => "matvec_q8_0",
-        GgmlType::Q4_K => "matvec_q4_k",
-        GgmlType::Q6_K => "matvec_q6_k",
-        _ => return None,
-    };
-    Some((name, blocks))
 }
 
 /// Q5_0 / Q5_1 decode (kernels/matvec_q5.hip): one weight, rows on the grid's y axis, none of
@@ -959,6 +1132,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+        drop(self.fresh_q8.lock().take());
         self.flush();
         let b = gbuf(dst);
         if let Err(e) = self.api.upload(b.mem.ptr + offset as u64 * 4, bytemuck_f32(src)) {
@@ -989,6 +1163,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             }
             quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)?;
         }
+        drop(self.fresh_q8.lock().take());
         self.flush();
         self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
     }
@@ -997,12 +1172,20 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         let WeightData::Vector(wv) = &gweight(w).data else {
             return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
         };
-        self.launch(
-            "rmsnorm",
-            rows,
-            [rows, 1, 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps),
-        );
+        let args = Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps);
+        // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
+        if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= MATVEC_MAX_ROWS && dim.is_multiple_of(32) {
+            let quantised = self.pooled_alloc(rows * dim).and_then(|q| Ok((q, self.scratch(rows * dim / 16, Elem::F32)?)));
+            match quantised {
+                Ok((q, ds)) => {
+                    self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr));
+                    *self.fresh_q8.lock() = Some(FreshQ8 { x: gbuf(out).mem.ptr, len: rows * dim, q, ds });
+                }
+                Err(e) => self.fail(e),
+            }
+            return;
+        }
+        self.launch("rmsnorm", rows, [rows, 1, 1], args);
     }
 
     fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
@@ -1020,13 +1203,13 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
-        // q, k, v (or gate, up) of the same type in one mat-vec launch.
-        let kernels: Vec<_> = ws.iter().map(|w| matvec_kernel(w)).collect();
-        let name = kernels.first().copied().flatten().map(|(n, _)| n);
-        let same = name.is_some()
+        // q, k, v (or gate, up) of the same layout in one mat-vec launch.
+        let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w)).collect();
+        let kind = mws.first().copied().flatten().map(|m| m.kind);
+        let same = kind.is_some()
             && (1..=3).contains(&ws.len())
             && rows <= MATVEC_MAX_ROWS
-            && kernels.iter().all(|k| k.map(|(n, _)| n) == name)
+            && mws.iter().all(|m| m.map(|m| m.kind) == kind)
             && ws.iter().all(|w| w.cols == ws[0].cols);
         if !same {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
@@ -1035,22 +1218,21 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             return;
         }
         let parts: Vec<_> =
-            ws.iter().zip(outs.iter()).zip(&kernels).map(|((w, out), k)| (k.expect("checked").1, gbuf(out).mem.ptr, w.rows)).collect();
-        self.matvec(name.expect("checked"), &parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false);
+            ws.iter().zip(outs.iter()).zip(&mws).map(|((w, out), m)| (m.expect("checked"), gbuf(out).mem.ptr, w.rows)).collect();
+        if let Err(e) = self.matvec(&parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false) {
+            self.fail(e);
+        }
     }
 
     fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
-        match matvec_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
-            // out += W (silu(x) * up): one launch, SwiGLU and the residual add included.
-            Some((name, blocks)) => self.matvec(
-                name,
-                &[(blocks, gbuf(out).mem.ptr, w.rows)],
-                gbuf(x).mem.ptr,
-                up.map(|u| gbuf(u).mem.ptr).unwrap_or(0),
-                w.cols,
-                rows,
-                true,
-            ),
+        match self.matvec_weight(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+            // out += W (silu(x) * up): SwiGLU and the residual add in the mat-vec launch(es).
+            Some(mw) => {
+                let up = up.map(|u| gbuf(u).mem.ptr).unwrap_or(0);
+                if let Err(e) = self.matvec(&[(mw, gbuf(out).mem.ptr, w.rows)], gbuf(x).mem.ptr, up, w.cols, rows, true) {
+                    self.fail(e);
+                }
+            }
             None => {
                 if let Some(up) = up {
                     self.silu_mul(x, up, rows * w.cols);
@@ -1268,6 +1450,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "kernel_dir": self.kernel_dir.display().to_string(),
             "kernel_compiler": self.compiler,
             "weights": self.weights_placement,
+            "matvec": self.matvec_family.name(),
         })
     }
 }
@@ -1275,6 +1458,26 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matvec_option_names_round_trip() {
+        for name in ["dp4a", "dp4a-g16", "dp4a-g32", "dp4a-g64", "dp4a-g128", "wave"] {
+            assert_eq!(MatvecFamily::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(MatvecFamily::parse("").unwrap(), MatvecFamily::Dp4a { lanes: None });
+        assert!(MatvecFamily::parse("dp4a-g8").is_err());
+    }
+
+    #[test]
+    fn dp4a_lanes_per_row_grow_with_the_row() {
+        // Q8_0 planes: 16 values per load; Q4_K: 32.
+        assert_eq!(matvec_lanes(1536 / 16), 32); // q, k, v, o, gate, up: 3 loads per lane
+        assert_eq!(matvec_lanes(4096 / 16), 64);
+        assert_eq!(matvec_lanes(8960 / 16), 128); // down: the whole workgroup
+        assert_eq!(matvec_lanes(8960 / 32), 128);
+        assert_eq!(dp4a_kernel(MatvecKind::Q4KDp4a, 64, true), "matvec_q4k_g64_x4");
+        assert_eq!(dp4a_kernel(MatvecKind::Q8Planes, 32, false), "matvec_q8p_g32");
+    }
 
     #[test]
     fn newest_compiler_folder_is_the_default() {

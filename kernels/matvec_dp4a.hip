@@ -1,0 +1,222 @@
+// Decode mat-vecs on int8 activations (issue #17): y[b][n] (+)= sum_k W[n][k] * x[b][k].
+//
+// The input x is quantised once per launch input by civetta_quantize_q8_1 (kernels/quantize.hip)
+// into blocks of 32 int8 values with a scale d and s = d * (sum of the block's q) (the q8_1
+// idea of llama.cpp's mmvq). The products are 4-way int8 dot products (dp4a on NVIDIA,
+// v_dot4_i32_iu8 on gfx11), so a lane reads 1 activation byte per weight value instead of 4
+// and does one instruction per 4 multiply-adds.
+//
+// Decode rows are short (a few KB), so a mat-vec is bound by how many bytes are in flight, not
+// by instruction count: every lane issues U 16-byte weight loads before it uses any, and
+// G lanes share a row (G = 32: a wave per row, 4 rows per workgroup; 64 and 128: 2 waves or the
+// whole workgroup per row, merged in LDS, for long rows such as the down projection's; 16:
+// 8 rows per workgroup with U = 8). The host picks G per shape (src/backend/gpu/mod.rs,
+// `matvec_lanes`).
+//
+// Same fusions as kernels/matvec.hip: up to three matrices with the same input in one launch
+// (rows 0..N0 are W0's, then N1 of W1, then N2 of W2), and accumulate != 0 adds to y (the
+// residual add). SwiGLU is applied by the quantiser (its `up` argument).
+// Weights:
+//   civetta_matvec_q8p_g*: the int8 plane [N][K] and f16 scale plane [N][K/32] that Q8_0 and
+//     Q5_0 weights keep for the prefill GEMM (Q5_0's plane holds q - 16): 16-byte aligned,
+//     unlike block_q8_0's 34-byte blocks. A unit is 16 values (one 16-byte load).
+//   civetta_matvec_q4k_g*: raw block_q4_K { f16 d, dmin; u8 scales[12]; u8 qs[128]; } (144
+//     bytes, 16-byte aligned): a unit is one 16-byte slice of qs (32 values: 16 low nibbles of
+//     sub-block 2j, 16 high nibbles of sub-block 2j+1) plus the block's 16-byte header.
+// Activations: xq int8 [B][K], xds f32 [B][K/32][2] = (d, s).
+// Grid: (ceil((N0 + N1 + N2) / (128 / G)), ceil(B / NB)); block: 128 threads. _x4: NB = 4.
+// Names: civetta_matvec_{q8p,q4k}_g{16,32,64,128}[_x4].
+#include "civetta_gpu.h"
+
+namespace {
+
+constexpr int kThreads = 128;
+
+// Kernel arguments; named fields, not arrays: a dynamically indexed argument array would be
+// copied to scratch.
+struct Args {
+  const cv_u8 *W0, *S0;
+  float* y0;
+  int N0;
+  const cv_u8 *W1, *S1;
+  float* y1;
+  int N1;
+  const cv_u8 *W2, *S2;
+  float* y2;
+  int N2;
+  const cv_i8* xq;
+  const float* xds;
+  int K, B, accumulate;
+};
+
+CV_DEVICE int dot16(const cv_v4i& w, const cv_v4i& x, int acc) {
+  acc = cv_dot4_i8(w.x, x.x, acc);
+  acc = cv_dot4_i8(w.y, x.y, acc);
+  acc = cv_dot4_i8(w.z, x.z, acc);
+  return cv_dot4_i8(w.w, x.w, acc);
+}
+
+// Q8_0 / Q5_0 as an int8 plane and an f16 scale per 32 values.
+struct Q8Planes {
+  static constexpr int kValues = 16;
+  // Scalar fields: LLVM 23 left a {vector, float} unit array in scratch.
+  struct Unit {
+    int q0, q1, q2, q3;
+    float d;
+  };
+  __device__ static __attribute__((always_inline)) Unit load(const cv_u8* W, const cv_u8* S, long row, int K, int u) {
+    const cv_v4i q = *(const cv_v4i*)(W + row * K + u * 16);
+    return Unit{q.x, q.y, q.z, q.w, (float)((const cv_half*)S)[row * (K / 32) + u / 2]};
+  }
+  // xq, xds: this activation row's.
+  __device__ static __attribute__((always_inline)) float dot(const Unit& w, const cv_i8* xq, const float* xds, int u) {
+    const cv_v4i xv = *(const cv_v4i*)(xq + u * 16);
+    int acc = cv_dot4_i8(w.q0, xv.x, 0);
+    acc = cv_dot4_i8(w.q1, xv.y, acc);
+    acc = cv_dot4_i8(w.q2, xv.z, acc);
+    acc = cv_dot4_i8(w.q3, xv.w, acc);
+    return w.d * xds[(u / 2) * 2] * (float)acc;
+  }
+};
+
+// Byte k (4..15) of a Q4_K block header held as 4 words.
+CV_DEVICE int header_byte(const cv_v4i& h, int k) {
+  const int word = k < 8 ? h.y : (k < 12 ? h.z : h.w);
+  return (word >> (8 * (k & 3))) & 0xFF;
+}
+// 6-bit scale and min of sub-block j of a Q4_K super-block (ggml get_scale_min_k4 on
+// scales[] = header bytes 4..15).
+CV_DEVICE void q4k_scale_min(const cv_v4i& h, int j, float* sc, float* mn) {
+  if (j < 4) {
+    *sc = (float)(header_byte(h, 4 + j) & 63);
+    *mn = (float)(header_byte(h, 8 + j) & 63);
+  } else {
+    const int s = header_byte(h, 8 + j);
+    *sc = (float)((s & 0xF) | ((header_byte(h, j) >> 6) << 4));
+    *mn = (float)((s >> 4) | ((header_byte(h, 4 + j) >> 6) << 4));
+  }
+}
+
+struct Q4K {
+  static constexpr int kValues = 32;
+  struct Unit {
+    cv_v4i q;
+    cv_v4i h;
+  };
+  __device__ static __attribute__((always_inline)) Unit load(const cv_u8* W, const cv_u8*, long row, int K, int u) {
+    const cv_u8* blk = W + (row * (K / 256) + u / 8) * 144;
+    const int c = u & 7;
+    Unit w;
+    w.h = *(const cv_v4i*)blk;
+    w.q = *(const cv_v4i*)(blk + 16 + 32 * (c >> 1) + 16 * (c & 1));
+    return w;
+  }
+  __device__ static __attribute__((always_inline)) float dot(const Unit& w, const cv_i8* xq, const float* xds, int u) {
+    const int c = u & 7, j = c >> 1, half = c & 1;
+    const int xo = (u / 8) * 256 + 64 * j + 16 * half;
+    const cv_v4i x_lo = *(const cv_v4i*)(xq + xo), x_hi = *(const cv_v4i*)(xq + xo + 32);
+    const cv_v4i q_lo = w.q & 0x0F0F0F0F, q_hi = (w.q >> 4) & 0x0F0F0F0F;
+    const int dot_lo = dot16(q_lo, x_lo, 0), dot_hi = dot16(q_hi, x_hi, 0);
+    const float* ds = xds + ((u / 8) * 8 + 2 * j) * 2; // q8 blocks 2j (low nibbles) and 2j+1
+    const float d = (float)__builtin_bit_cast(cv_half, (cv_u16)(w.h.x & 0xFFFF));
+    const float dmin = (float)__builtin_bit_cast(cv_half, (cv_u16)((cv_u32)w.h.x >> 16));
+    float sc_lo, mn_lo, sc_hi, mn_hi;
+    q4k_scale_min(w.h, 2 * j, &sc_lo, &mn_lo);
+    q4k_scale_min(w.h, 2 * j + 1, &sc_hi, &mn_hi);
+    float r = d * (sc_lo * ds[0] * (float)dot_lo + sc_hi * ds[2] * (float)dot_hi);
+    // The min term needs the sum of all 32 inputs of each sub-block; the two lanes of a
+    // sub-block pair (half 0 and 1) split its values, so only half 0 adds it, with the block
+    // sums s = d * sum(q) of the quantiser.
+    if (half == 0) r -= dmin * (mn_lo * ds[1] + mn_hi * ds[3]);
+    return r;
+  }
+};
+
+// v0, v1 or v2 (m = 0, 1, 2 or more), taken by value.
+template <class T> CV_DEVICE T pick(int m, T v0, T v1, T v2) { return m == 0 ? v0 : (m == 1 ? v1 : v2); }
+
+template <class Q, int G, int U, int NB>
+CV_DEVICE void matvec(const Args& a) {
+  constexpr int kRows = kThreads / G;
+  const int tid = (int)cv_tid_x(), t = tid % G;
+  // The matrix and row of this lane group (W null past the last row). pick() selects values:
+  // `c ? a.W1 : a.W0` is an lvalue, a select between two field addresses, after which LLVM 23
+  // kept the whole argument struct in scratch.
+  const int r0 = (int)cv_bid_x() * kRows + tid / G, N0 = a.N0, N1 = a.N1, N2 = a.N2;
+  const int m = (r0 >= N0) + (r0 >= N0 + N1) + (r0 >= N0 + N1 + N2);
+  const int row = r0 - (m >= 1 ? N0 : 0) - (m >= 2 ? N1 : 0);
+  const int N = pick(m, N0, N1, N2);
+  const cv_u8* W = m == 3 ? nullptr : pick(m, a.W0, a.W1, a.W2);
+  const cv_u8* S = pick(m, a.S0, a.S1, a.S2);
+  float* y = pick(m, a.y0, a.y1, a.y2);
+  const bool valid = W != nullptr;
+  const int K = a.K, B = a.B, b0 = (int)cv_bid_y() * NB, units = K / Q::kValues;
+  float sum[NB];
+  CV_UNROLL for (int r = 0; r < NB; ++r) sum[r] = 0.0f;
+  if (valid) {
+    for (int u0 = t; u0 < units; u0 += G * U) {
+      typename Q::Unit w[U];
+      CV_UNROLL for (int i = 0; i < U; ++i) {
+        const int u = u0 + i * G;
+        w[i] = Q::load(W, S, row, K, u < units ? u : u0);
+      }
+      CV_UNROLL for (int i = 0; i < U; ++i) {
+        const int u = u0 + i * G;
+        if (u >= units) break;
+        CV_UNROLL for (int r = 0; r < NB; ++r) {
+          if (NB > 1 && b0 + r >= B) break;
+          const long xb = (long)(b0 + r) * K;
+          sum[r] += Q::dot(w[i], a.xq + xb, a.xds + xb / 16, u);
+        }
+      }
+    }
+  }
+  // Sum over the G lanes of the row: shuffles within a wave, LDS across waves.
+  CV_UNROLL for (int r = 0; r < NB; ++r) sum[r] = cv_group_sum(sum[r], G < CV_WAVE ? G : CV_WAVE);
+  if constexpr (G > CV_WAVE) {
+    constexpr int kWaves = kThreads / CV_WAVE, kPerRow = G / CV_WAVE;
+    __shared__ float part[NB][kWaves];
+    const int wave = tid / CV_WAVE;
+    if (cv_lane() == 0) {
+      CV_UNROLL for (int r = 0; r < NB; ++r) part[r][wave] = sum[r];
+    }
+    cv_sync();
+    if (t == 0) {
+      CV_UNROLL for (int r = 0; r < NB; ++r) {
+        float s = 0.0f;
+        CV_UNROLL for (int w = 0; w < kPerRow; ++w) s += part[r][wave + w];
+        sum[r] = s;
+      }
+    }
+  }
+  if (t == 0 && valid) {
+    CV_UNROLL for (int r = 0; r < NB; ++r) {
+      if (b0 + r < B) {
+        float* out = y + (long)(b0 + r) * N + row;
+        *out = a.accumulate ? *out + sum[r] : sum[r];
+      }
+    }
+  }
+}
+
+} // namespace
+
+#define CIVETTA_MATVEC_DP4A_ENTRY(Q, NAME, G, U, NB)                                                                    \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void NAME(                                                                    \
+      const cv_u8* W0, const cv_u8* S0, float* y0, int N0, const cv_u8* W1, const cv_u8* S1, float* y1, int N1,      \
+      const cv_u8* W2, const cv_u8* S2, float* y2, int N2, const cv_i8* xq, const float* xds, int K, int B,          \
+      int accumulate) {                                                                                              \
+    matvec<Q, G, U, NB>(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});               \
+  }
+#define CIVETTA_MATVEC_DP4A(Q, T, G, U)                                                                              \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G, G, U, 1)                                                   \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x4, G, U, 4)
+
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 16, 8)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 32, 4)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 64, 4)
+CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 128, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 16, 8)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 32, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 64, 4)
+CIVETTA_MATVEC_DP4A(Q4K, q4k, 128, 4)
