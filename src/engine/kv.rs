@@ -15,6 +15,13 @@
 //! V of a position depend only on the tokens up to it and the CPU backend computes them the
 //! same whatever the batch or chunking (tests/batching.rs), so a hit gives the same logits as
 //! a miss, bit for bit (tests/paged_kv.rs).
+//!
+//! Sliding-window models (Gemma 3, gpt-oss) get a windowed pool: the full-attention layers
+//! keep the block table above, the sliding-window layers one fixed ring of blocks per running
+//! sequence (`KvPool::ring_blocks`: a window plus a chunk), taken on allocation and given back
+//! on release, so their KV stays about a window long whatever the context. Prefix caching is
+//! off for such pools: a cached prefix would need its last window of local-layer KV, which
+//! the ring has overwritten, and recomputing it means recomputing the whole prefix.
 
 use crate::model::{KvCache, KvPool};
 use std::collections::{BTreeMap, HashMap};
@@ -59,6 +66,8 @@ pub struct BlockManager {
     lru: BTreeMap<u64, u32>,
     last_use: Vec<u64>,
     tick: u64,
+    /// Local rings not held by a sequence (windowed pools; one per active sequence).
+    free_rings: Vec<u32>,
 }
 
 /// The key of the prefix `parent` followed by `tokens`.
@@ -76,7 +85,9 @@ const ROOT: u64 = 0x6369_7665_7474_6121;
 impl BlockManager {
     pub fn new(pool: KvPool) -> BlockManager {
         let n = pool.n_blocks;
+        let rings = if pool.ring_blocks > 0 { pool.rings as u32 } else { 0 };
         BlockManager {
+            free_rings: (0..rings).rev().collect(),
             pool,
             refs: vec![0; n],
             keys: (0..n).map(|_| None).collect(),
@@ -97,9 +108,15 @@ impl BlockManager {
         self.pool.block_size
     }
 
-    /// Bytes one block takes in the pool.
-    pub fn pool_block_bytes(&self) -> usize {
-        self.pool.bytes / self.pool.n_blocks.max(1)
+    /// Bytes the sequences' blocks and local rings take now (cached blocks not counted).
+    pub fn bytes_in_use(&self) -> usize {
+        let rings_used = self.pool.rings - self.free_rings.len();
+        self.counts().used * self.pool.block_bytes + if self.windowed() { rings_used * self.pool.ring_bytes } else { 0 }
+    }
+
+    /// Whether sliding-window layers keep only their window (local rings; no prefix cache).
+    pub fn windowed(&self) -> bool {
+        self.pool.ring_blocks > 0
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -121,6 +138,9 @@ impl BlockManager {
     fn lookup(&self, prompt: &[u32]) -> Vec<u32> {
         let bs = self.block_size();
         let mut hits = Vec::new();
+        if self.windowed() {
+            return hits;
+        }
         let mut parent = ROOT;
         for chunk in prompt[..prompt.len().saturating_sub(1)].chunks_exact(bs) {
             let hash = chain_hash(parent, chunk);
@@ -149,7 +169,7 @@ impl BlockManager {
         // Hit blocks that sit unreferenced in the LRU are not available to this request's
         // fresh blocks: it is about to reference them.
         let hits_in_lru = hits.iter().filter(|&&b| self.refs[b as usize] == 0).count();
-        if self.available() - hits_in_lru < need + headroom {
+        if self.available() - hits_in_lru < need + headroom || (self.windowed() && self.free_rings.is_empty()) {
             return None;
         }
         for &b in &hits {
@@ -162,7 +182,11 @@ impl BlockManager {
             blocks.push(b);
         }
         let cached_tokens = hits.len() * self.block_size();
-        Some(Allocation { cache: KvCache::paged(blocks, self.block_size(), cached_tokens), cached_tokens })
+        let mut cache = KvCache::paged(blocks, self.block_size(), cached_tokens);
+        if self.windowed() {
+            cache = cache.with_ring(self.free_rings.pop().expect("checked above"));
+        }
+        Some(Allocation { cache, cached_tokens })
     }
 
     /// Appends one fresh block to a sequence's paged cache (a decoding sequence whose last
@@ -170,10 +194,7 @@ impl BlockManager {
     pub fn grow(&mut self, cache: &mut KvCache) -> bool {
         let Some(b) = self.take_block() else { return false };
         self.refs[b as usize] = 1;
-        let len = cache.len;
-        let mut blocks = cache.take_blocks();
-        blocks.push(b);
-        *cache = KvCache::paged(blocks, self.block_size(), len);
+        cache.push_block(b);
         true
     }
 
@@ -200,6 +221,9 @@ impl BlockManager {
     /// `blocks`, so later requests can reuse them. Blocks already keyed are skipped; a block
     /// whose prefix another block already holds stays unkeyed (freed on release).
     pub fn register(&mut self, blocks: &[u32], tokens: &[u32]) {
+        if self.windowed() {
+            return; // never looked up (see the module doc): the blocks are simply freed
+        }
         let bs = self.block_size();
         let mut parent = ROOT;
         for (chunk, &b) in tokens.chunks_exact(bs).zip(blocks) {
@@ -209,6 +233,14 @@ impl BlockManager {
                 self.by_hash.insert(hash, b);
             }
             parent = hash;
+        }
+    }
+
+    /// Gives back everything a paged cache holds: its blocks (as `release`) and its ring.
+    pub fn release_cache(&mut self, cache: &mut KvCache) {
+        self.release(cache.take_blocks());
+        if let Some(r) = cache.take_ring() {
+            self.free_rings.push(r);
         }
     }
 
@@ -296,5 +328,23 @@ mod tests {
         m.release(a.take_blocks());
         m.release(b.take_blocks());
         assert_eq!(m.counts().free, 4);
+    }
+
+    #[test]
+    fn a_windowed_pool_gives_each_sequence_a_ring_and_caches_no_prefix() {
+        let mut m = BlockManager::new(KvPool::for_tests_windowed(8, 4, 2, 3));
+        let prompt: Vec<u32> = (0..8).collect();
+        let mut a = m.allocate(&prompt, 8, 0).unwrap().cache;
+        m.register(a.blocks(), &prompt);
+        let mut b = m.allocate(&prompt, 8, 0).unwrap();
+        assert_eq!(b.cached_tokens, 0, "no prefix reuse on a windowed pool");
+        assert!(m.allocate(&[5; 4], 4, 0).is_none(), "both rings are held: the request waits");
+        m.release_cache(&mut a);
+        assert_eq!(a.take_ring(), None);
+        let mut c = m.allocate(&[5; 4], 4, 0).unwrap().cache;
+        m.release_cache(&mut b.cache);
+        m.release_cache(&mut c);
+        assert_eq!(m.counts(), BlockCounts { used: 0, cached: 0, free: 8 });
+        assert_eq!(m.free_rings.len(), 2);
     }
 }

@@ -124,20 +124,29 @@ impl Engine {
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
         let kv_pool = if model.backend().paged_kv() {
-            let block_bytes = model.cache_bytes(kv::KV_BLOCK_TOKENS) as u64;
-            let bytes = if cfg.kv_cache_bytes > 0 {
-                cfg.kv_cache_bytes
+            let (bs, max_active) = (kv::KV_BLOCK_TOKENS, cfg.max_active_sequences.max(1));
+            // Sliding-window layers keep one ring of a window + a prefill chunk per active
+            // sequence (a sequence's rows per step are at most prefill_batch); the rest of
+            // the budget goes to the full-attention layers' blocks.
+            let ring_blocks = model.local_ring_blocks(cfg.prefill_batch, bs).unwrap_or(0);
+            let (block_bytes, ring_bytes) = model.windowed_kv_bytes(bs, ring_blocks);
+            let rings_bytes = (ring_bytes * max_active) as u64;
+            // 0 (or every layer windowed, so the blocks hold no storage): max_active contexts.
+            let n_blocks = if cfg.kv_cache_bytes == 0 || block_bytes == 0 {
+                ctx_len * max_active / bs
             } else {
-                model.cache_bytes(ctx_len) as u64 * cfg.max_active_sequences.max(1) as u64
+                (cfg.kv_cache_bytes.saturating_sub(rings_bytes) / block_bytes as u64) as usize
             };
-            let n_blocks = (bytes / block_bytes) as usize;
             if n_blocks == 0 {
-                anyhow::bail!("engine.kv_cache_bytes = {bytes} holds no KV block ({block_bytes} bytes each)");
+                anyhow::bail!(
+                    "engine.kv_cache_bytes = {} holds no KV block ({block_bytes} bytes each, after {rings_bytes} bytes of sliding-window rings)",
+                    cfg.kv_cache_bytes
+                );
             }
-            check_memory(n_blocks as u128 * block_bytes as u128, || {
-                format!("{n_blocks} blocks of {} tokens (engine.kv_cache_bytes)", kv::KV_BLOCK_TOKENS)
+            check_memory(n_blocks as u128 * block_bytes as u128 + rings_bytes as u128, || {
+                format!("{n_blocks} blocks of {bs} tokens (engine.kv_cache_bytes)")
             })?;
-            Some(model.new_kv_pool(n_blocks, kv::KV_BLOCK_TOKENS)?)
+            Some(model.new_windowed_kv_pool(n_blocks, bs, if ring_blocks > 0 { max_active } else { 0 }, ring_blocks)?)
         } else {
             check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;
             None

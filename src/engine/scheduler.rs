@@ -61,7 +61,7 @@ fn publish_kv(c: &Counters, kv: &Option<BlockManager>) {
         let n = kv.counts();
         c.kv_blocks_used.store(n.used, Ordering::Relaxed);
         c.kv_blocks_cached.store(n.cached, Ordering::Relaxed);
-        c.kv_bytes.store(n.used * kv.pool_block_bytes(), Ordering::Relaxed);
+        c.kv_bytes.store(kv.bytes_in_use(), Ordering::Relaxed);
     }
 }
 

@@ -110,7 +110,7 @@ impl Seq {
     /// keeps its admission slot; it moves from the active set to the waiting ones.
     pub(super) fn preempt(&mut self, c: &Counters, kv: &mut BlockManager) {
         kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
-        kv.release(self.cache.take_blocks());
+        kv.release_cache(&mut self.cache);
         self.prefill_pos = 0;
         self.prefill_target = 0;
         c.preemptions.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +230,7 @@ impl Seq {
         if let Some(kv) = kv {
             // history[..len] are the tokens whose K and V the cache holds.
             kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
-            kv.release(self.cache.take_blocks());
+            kv.release_cache(&mut self.cache);
         }
     }
 

@@ -83,8 +83,18 @@ pub struct KvCache {
 }
 
 enum KvStorage {
-    Own { k: Vec<Buffer>, v: Vec<Buffer> },
-    Paged { blocks: Vec<u32>, block_size: usize },
+    Own {
+        k: Vec<Buffer>,
+        v: Vec<Buffer>,
+    },
+    /// `blocks` hold every position for the full-attention layers; with a windowed pool
+    /// (`KvPool::ring_blocks` > 0) the sliding-window layers keep only the positions their
+    /// window can still see, in ring `ring` of the pool's local buffers.
+    Paged {
+        blocks: Vec<u32>,
+        block_size: usize,
+        ring: Option<u32>,
+    },
 }
 
 impl KvCache {
@@ -93,7 +103,31 @@ impl KvCache {
     pub fn paged(blocks: Vec<u32>, block_size: usize, len: usize) -> KvCache {
         let capacity = blocks.len() * block_size;
         assert!(len <= capacity, "a paged cache of {capacity} positions cannot hold {len}");
-        KvCache { storage: KvStorage::Paged { blocks, block_size }, len, capacity, bytes: 0 }
+        KvCache { storage: KvStorage::Paged { blocks, block_size, ring: None }, len, capacity, bytes: 0 }
+    }
+
+    /// The same cache whose sliding-window layers use ring `ring` of a windowed pool.
+    pub fn with_ring(mut self, ring: u32) -> KvCache {
+        if let KvStorage::Paged { ring: r, .. } = &mut self.storage {
+            *r = Some(ring);
+        }
+        self
+    }
+
+    /// Appends one block to a paged cache's table (its ring, if any, is kept).
+    pub fn push_block(&mut self, block: u32) {
+        if let KvStorage::Paged { blocks, block_size, .. } = &mut self.storage {
+            blocks.push(block);
+            self.capacity += *block_size;
+        }
+    }
+
+    /// Hands the local ring of a paged cache back (None: it has none).
+    pub fn take_ring(&mut self) -> Option<u32> {
+        match &mut self.storage {
+            KvStorage::Paged { ring, .. } => ring.take(),
+            KvStorage::Own { .. } => None,
+        }
     }
 
     /// The block table of a paged cache (empty for an owned one).
@@ -117,11 +151,24 @@ impl KvCache {
 
 /// The KV pool of a paged cache: per layer one K and one V buffer of `n_blocks` blocks of
 /// `block_size` positions, shared by every sequence through its block table.
+///
+/// A windowed pool (`ring_blocks` > 0, models with sliding-window layers) gives those layers
+/// smaller buffers: `rings` rings of `ring_blocks` blocks, one ring per running sequence.
+/// Logical block b of a sequence's local layers is block `ring * ring_blocks + b %
+/// ring_blocks`: a position overwrites the one `ring_blocks` blocks before it, which no query
+/// can see any more (`ring_blocks` covers a window plus the largest chunk, checked per pass).
 pub struct KvPool {
     k: Vec<Buffer>,
     v: Vec<Buffer>,
     pub block_size: usize,
     pub n_blocks: usize,
+    /// Blocks per local ring (0: not windowed, every layer keeps every position).
+    pub ring_blocks: usize,
+    pub rings: usize,
+    /// Bytes of one block of `n_blocks` (the full-attention layers' part when windowed).
+    pub block_bytes: usize,
+    /// Bytes of one local ring (0 when not windowed).
+    pub ring_bytes: usize,
     pub bytes: usize,
 }
 
@@ -129,7 +176,13 @@ impl KvPool {
     /// A pool without storage, for tests of the block bookkeeping.
     #[cfg(test)]
     pub(crate) fn for_tests(n_blocks: usize, block_size: usize) -> KvPool {
-        KvPool { k: Vec::new(), v: Vec::new(), block_size, n_blocks, bytes: 0 }
+        KvPool { k: Vec::new(), v: Vec::new(), block_size, n_blocks, ring_blocks: 0, rings: 0, block_bytes: 0, ring_bytes: 0, bytes: 0 }
+    }
+
+    /// A windowed pool without storage, for tests of the block bookkeeping.
+    #[cfg(test)]
+    pub(crate) fn for_tests_windowed(n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> KvPool {
+        KvPool { ring_blocks, rings, ..KvPool::for_tests(n_blocks, block_size) }
     }
 }
 
@@ -249,14 +302,57 @@ impl Model {
     /// Allocates a KV pool of `n_blocks` blocks of `block_size` positions (a power of two),
     /// for backends with `paged_kv()`.
     pub fn new_kv_pool(&self, n_blocks: usize, block_size: usize) -> anyhow::Result<KvPool> {
+        self.new_windowed_kv_pool(n_blocks, block_size, 0, 0)
+    }
+
+    /// A KV pool whose sliding-window layers keep `rings` rings of `ring_blocks` blocks (see
+    /// [`KvPool`]; `ring_blocks` = 0: an ordinary pool) and whose other layers keep `n_blocks`.
+    pub fn new_windowed_kv_pool(&self, n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> anyhow::Result<KvPool> {
         if !self.backend.paged_kv() {
             bail!("the {} backend has no paged KV cache", self.backend.name());
         }
         if !block_size.is_power_of_two() || n_blocks == 0 {
             bail!("KV pool: {n_blocks} blocks of {block_size} positions (need >= 1 block, a power-of-two size)");
         }
-        let (k, v) = self.alloc_kv_layers(n_blocks * block_size)?;
-        Ok(KvPool { k, v, block_size, n_blocks, bytes: self.cache_bytes(n_blocks * block_size) })
+        if ring_blocks > 0 && (self.hp.sliding_window.is_none() || rings == 0) {
+            bail!("KV pool: local rings need a model with sliding-window layers and at least one ring");
+        }
+        let (kvd, elem) = (self.hp.kv_dim(), self.backend.kv_cache_elem_bytes());
+        let (mut k, mut v) = (Vec::with_capacity(self.hp.n_layer), Vec::with_capacity(self.hp.n_layer));
+        let (mut global_layers, mut local_layers) = (0, 0);
+        for li in 0..self.hp.n_layer {
+            let positions = if ring_blocks > 0 && self.hp.layer_window(li).is_some() {
+                local_layers += 1;
+                rings * ring_blocks * block_size
+            } else {
+                global_layers += 1;
+                n_blocks * block_size
+            };
+            k.push(self.backend.alloc_kv_cache(kvd * positions)?);
+            v.push(self.backend.alloc_kv_cache(kvd * positions)?);
+        }
+        let block_bytes = 2 * global_layers * kvd * block_size * elem;
+        let ring_bytes = 2 * local_layers * kvd * block_size * ring_blocks * elem;
+        let bytes = n_blocks * block_bytes + rings * ring_bytes;
+        Ok(KvPool { k, v, block_size, n_blocks, ring_blocks, rings, block_bytes, ring_bytes, bytes })
+    }
+
+    /// Blocks of `block_size` a local ring needs so that a pass of up to `chunk` rows per
+    /// sequence finds every position its sliding-window layers can see: the window before
+    /// the chunk's first query plus the chunk, `window + chunk - 1` positions. (Position p
+    /// lives at ring row p mod ring positions, so no extra block for a straddle is needed.)
+    /// None: the model has no sliding-window layer.
+    pub fn local_ring_blocks(&self, chunk: usize, block_size: usize) -> Option<usize> {
+        let window = (0..self.hp.n_layer).find_map(|li| self.hp.layer_window(li))?;
+        Some((window + chunk.max(1) - 1).div_ceil(block_size))
+    }
+
+    /// Bytes of one pool block for the full-attention layers and of one local ring, as
+    /// [`Model::new_windowed_kv_pool`] allocates them.
+    pub fn windowed_kv_bytes(&self, block_size: usize, ring_blocks: usize) -> (usize, usize) {
+        let local = (0..self.hp.n_layer).filter(|&li| self.hp.layer_window(li).is_some()).count();
+        let per_layer_block = 2 * self.hp.kv_dim() * block_size * self.backend.kv_cache_elem_bytes();
+        ((self.hp.n_layer - local) * per_layer_block, local * per_layer_block * ring_blocks)
     }
 
     fn alloc_kv_layers(&self, positions: usize) -> anyhow::Result<(Vec<Buffer>, Vec<Buffer>)> {
@@ -310,16 +406,29 @@ impl Model {
         if seqs.is_empty() {
             bail!("forward called with no sequences");
         }
+        // Per sequence, the block table of its sliding-window layers (windowed pools only).
+        let mut local_tables: Vec<Option<Vec<u32>>> = Vec::with_capacity(seqs.len());
         for s in seqs.iter() {
-            if let KvStorage::Paged { blocks, block_size } = &s.cache.storage {
+            if s.tokens.is_empty() {
+                bail!("forward called with no tokens");
+            }
+            let mut local_table = None;
+            if let KvStorage::Paged { blocks, block_size, ring } = &s.cache.storage {
                 match pool.as_deref() {
                     None => bail!("a paged KV cache needs its pool"),
                     Some(p) if p.block_size != *block_size || blocks.iter().any(|&b| b as usize >= p.n_blocks) => {
                         bail!("a KV block table does not match the pool")
                     }
+                    Some(p) if p.ring_blocks > 0 => {
+                        let Some(r) = ring.filter(|&r| (r as usize) < p.rings) else {
+                            bail!("a paged KV cache on a windowed pool needs one of its local rings")
+                        };
+                        local_table = Some(ring_table(p, r, s.cache.len, s.tokens.len(), self.hp.sliding_window.map_or(0, |w| w.window))?);
+                    }
                     Some(_) => {}
                 }
             }
+            local_tables.push(local_table);
             if s.tokens.is_empty() {
                 bail!("forward called with no tokens");
             }
@@ -384,7 +493,7 @@ impl Model {
                 }
             }
             // Ragged part: each sequence stores its rows and attends over its own cache.
-            for (s, &row) in seqs.iter_mut().zip(&first_rows) {
+            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables) {
                 let (start, len) = (s.cache.len, s.tokens.len());
                 let shape = AttentionShape {
                     n_tokens: len,
@@ -404,9 +513,12 @@ impl Model {
                             None => be.attention(&q, &kc[li], &vc[li], shape, &mut att),
                         }
                     }
-                    KvStorage::Paged { blocks, block_size } => {
+                    KvStorage::Paged { blocks, block_size, .. } => {
                         let p = pool.as_deref_mut().expect("checked above");
-                        let table = KvBlocks::new(blocks, *block_size);
+                        let table = match (local_table, shape.window) {
+                            (Some(local), Some(_)) => KvBlocks::new(local, *block_size),
+                            _ => KvBlocks::new(blocks, *block_size),
+                        };
                         be.kv_store_paged(&k, &v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
                         match sinks {
                             Some(sinks) => be.attention_with_sinks(&q, &p.k[li], &p.v[li], table, shape, sinks, &mut att)?,
@@ -501,6 +613,21 @@ impl Model {
         }
         Ok(per_seq)
     }
+}
+
+/// The local block table of a sequence on ring `ring` of a windowed pool, for a pass that
+/// appends `rows` positions to `len`: logical block b is pool block `ring * ring_blocks + b %
+/// ring_blocks`, so position p is ring row p mod (ring_blocks * block_size). Refused when the
+/// positions the pass needs at once (the window before its first query, and its rows) are
+/// more than the ring holds: a stored row would overwrite one a query still reads.
+fn ring_table(p: &KvPool, ring: u32, len: usize, rows: usize, window: usize) -> anyhow::Result<Vec<u32>> {
+    let bs = p.block_size;
+    let (first, last) = ((len + 1).saturating_sub(window), len + rows - 1);
+    if last - first + 1 > p.ring_blocks * bs {
+        bail!("{rows} tokens at position {len} need more than the {} KV blocks of a sliding-window ring (lower the chunk)", p.ring_blocks);
+    }
+    let base = ring as usize * p.ring_blocks;
+    Ok((0..=last / bs).map(|b| (base + b % p.ring_blocks) as u32).collect())
 }
 
 fn expect_shape(w: &Weight, cols: usize, rows: usize) -> anyhow::Result<()> {
