@@ -208,3 +208,26 @@ fn engine_keeps_a_window_per_sequence_and_preemption_stays_bit_exact() {
     assert_eq!((s.kv_blocks_used, s.kv_bytes, s.active), (0, 0, 0), "{s:?}");
     tiny.shutdown();
 }
+
+/// The real Gemma 3 270M file (window 512): a 1,100-token sequence prefilled in the engine's
+/// chunks of 64 and decoded, logits through the ring equal the untrimmed cache bit for bit.
+/// Ignored in `make test` for time; run with `cargo test --test sliding_window_kv -- --ignored`.
+#[test]
+#[ignore]
+fn real_gemma3_trimmed_equals_untrimmed_over_two_windows() {
+    let path = common::real_model("scripts/fetch-gemma3.sh", "models/gemma-3-270m-q4_k_m.gguf");
+    let model = model::load_file(&path, backend::create("cpu", 2).unwrap()).unwrap();
+    let (bs, chunk, new_tokens) = (16, 64, 8);
+    let p = prompt(1100, 9, model.hp.n_vocab);
+    let mut solo_cache = model.new_cache(p.len() + new_tokens).unwrap();
+    let solo = run(&model, None, &mut solo_cache, &p, chunk, new_tokens);
+    let ring_blocks = model.local_ring_blocks(chunk, bs).unwrap();
+    assert_eq!(ring_blocks, 36, "512 + 64 - 1 positions");
+    let n_blocks = (p.len() + new_tokens).div_ceil(bs);
+    let mut kv = BlockManager::new(model.new_windowed_kv_pool(n_blocks, bs, 1, ring_blocks).unwrap());
+    let mut cache = kv.allocate(&p, n_blocks * bs, 0).unwrap().cache;
+    let trimmed = run(&model, Some(kv.pool_mut()), &mut cache, &p, chunk, new_tokens);
+    for (i, (a, b)) in solo.iter().zip(&trimmed).enumerate() {
+        assert!(bits(a) == bits(b), "logits of new token {i} differ with the window trimmed");
+    }
+}

@@ -146,6 +146,14 @@ impl Engine {
             check_memory(n_blocks as u128 * block_bytes as u128 + rings_bytes as u128, || {
                 format!("{n_blocks} blocks of {bs} tokens (engine.kv_cache_bytes)")
             })?;
+            if ring_blocks > 0 {
+                tracing::info!(
+                    rings = max_active,
+                    ring_positions = ring_blocks * bs,
+                    full_attention_blocks = n_blocks,
+                    "KV pool: sliding-window layers keep one ring per active sequence (no prefix cache)"
+                );
+            }
             Some(model.new_windowed_kv_pool(n_blocks, bs, if ring_blocks > 0 { max_active } else { 0 }, ring_blocks)?)
         } else {
             check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;

@@ -47,7 +47,10 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Bytes of the paged KV cache pool (backends with paged KV: CPU); 0 = enough for
     /// max_active_sequences sequences of the full context. Requests wait for free blocks;
-    /// unreferenced prefix-cache blocks are evicted when blocks run out.
+    /// unreferenced prefix-cache blocks are evicted when blocks run out. Models with
+    /// sliding-window layers (gemma3, gpt-oss) first reserve one ring of window +
+    /// prefill_batch - 1 positions of those layers per active sequence; the rest holds the
+    /// full-attention layers' blocks.
     #[serde(default)]
     pub kv_cache_bytes: u64,
     pub kernel_timing: KernelTimingConfig,
