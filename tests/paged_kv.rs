@@ -172,7 +172,7 @@ fn engine_reuses_prefix_blocks_waits_for_blocks_and_evicts() {
     let second = finish(&mut e.submit(request(second_prompt.clone(), 12)).unwrap());
     assert_eq!(second.cached_prompt_tokens, 64, "the 64-token shared prefix is four cached blocks");
     assert_eq!(second.token_ids, solo_tokens(&reference, &second_prompt, 12), "a prefix hit keeps greedy tokens");
-    let s = e.stats();
+    let s = common::settled_stats(&e, |s| s.kv_blocks_used == 0);
     assert_eq!((s.prefix_cache_hit_tokens, s.prefix_cache_miss_tokens), (64, 100 + 36));
     assert_eq!(s.kv_blocks_used, 0);
 
@@ -184,7 +184,7 @@ fn engine_reuses_prefix_blocks_waits_for_blocks_and_evicts() {
         assert_eq!(finish(st).token_ids, solo_tokens(&reference, p, 12));
     }
     // Distinct prompts evicted the older prefix blocks: the pool never grows.
-    let s = e.stats();
+    let s = common::settled_stats(&e, |s| s.kv_blocks_used == 0);
     assert_eq!(s.kv_blocks_used, 0);
     assert!(s.kv_blocks_cached <= 12, "{s:?}");
     let again = finish(&mut e.submit(request(with_tail(3), 4)).unwrap());

@@ -134,7 +134,7 @@ fn preempted_sequences_resume_bit_identical_and_none_fails() {
         assert_eq!(a.summary.text_tail, b.summary.text_tail, "{what}");
     }
     // Everything given back: no block in use, nothing waiting or running.
-    let s = tiny.stats();
+    let s = common::settled_stats(&tiny, |s| (s.kv_blocks_used, s.active, s.queued) == (0, 0, 0));
     assert_eq!((s.kv_blocks_used, s.active, s.queued), (0, 0, 0), "{s:?}");
     eprintln!("preemptions: {}", s.preemptions);
 

@@ -196,14 +196,7 @@ fn engine_keeps_a_window_per_sequence_and_preemption_stays_bit_exact() {
         assert_eq!(&h.join().unwrap(), a, "request {i}: preempted run differs from the request alone");
     }
     // The engine publishes its counts after the step that ended the last sequence.
-    let mut s = tiny.stats();
-    for _ in 0..200 {
-        if s.kv_blocks_used == 0 && s.active == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        s = tiny.stats();
-    }
+    let s = common::settled_stats(&tiny, |s| s.kv_blocks_used == 0 && s.active == 0);
     assert!(s.preemptions > 0, "the pool of 12 blocks must force preemptions: {s:?}");
     assert_eq!((s.kv_blocks_used, s.kv_bytes, s.active), (0, 0, 0), "{s:?}");
     tiny.shutdown();

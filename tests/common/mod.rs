@@ -83,3 +83,17 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
 pub fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
     (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(salt * 977) >> 7) % (vocab as u32 - 2) + 1).collect()
 }
+
+/// The engine's stats once `done` holds (polled for up to 5 s). The engine thread sends a
+/// sequence's last event before it gives the sequence's blocks back, so a test that has read
+/// every stream to its end must wait for the counts to settle rather than read them at once.
+pub fn settled_stats(e: &civetta::engine::Engine, done: impl Fn(&civetta::engine::EngineStats) -> bool) -> civetta::engine::EngineStats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let s = e.stats();
+        if done(&s) || std::time::Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
