@@ -59,12 +59,35 @@ pub struct BenchArgs {
     /// Benchmark a running daemon through gRPC instead (e.g. http://127.0.0.1:50051).
     #[arg(long)]
     pub remote: Option<String>,
-    /// Concurrency levels for --remote.
+    /// Benchmark a running daemon through its OpenAI-compatible HTTP API (e.g.
+    /// http://127.0.0.1:8080): streamed /v1/completions. With --remote too, both protocols run
+    /// in one report, each concurrency level over gRPC then over HTTP.
+    #[arg(long)]
+    pub remote_http: Option<String>,
+    /// A file holding the bearer token of a daemon with server.auth_token_* (both protocols).
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// Concurrency levels for --remote / --remote-http (empty to run only --mixed).
     #[arg(long, default_value = "1,2,4", value_parser = parse_list)]
     pub concurrency: std::vec::Vec<usize>,
-    /// Requests per concurrency level for --remote.
+    /// Requests per concurrency level for --remote / --remote-http.
     #[arg(long, default_value_t = 8)]
     pub requests: usize,
+    /// Also run the mixed scenario: a prompt of this many tokens (3000 when no value is given)
+    /// arrives while --mixed-streams streams decode; reports their inter-token latency idle vs
+    /// during its prefill.
+    #[arg(long, num_args = 0..=1, default_missing_value = "3000", value_name = "PROMPT_TOKENS")]
+    pub mixed: Option<usize>,
+    /// Decoding streams of the mixed scenario.
+    #[arg(long, default_value_t = 4)]
+    pub mixed_streams: usize,
+    /// max_tokens of each decoding stream of the mixed scenario: must outlast the long
+    /// prompt's prefill (the report warns when a stream ended first).
+    #[arg(long, default_value_t = 1024)]
+    pub mixed_stream_tokens: usize,
+    /// Tokens each stream decodes (all together) before the long prompt is sent.
+    #[arg(long, default_value_t = 32)]
+    pub mixed_idle_tokens: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -96,13 +119,25 @@ fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
 
 pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     let pb = progress_bar(args.quiet);
-    let report = if let Some(addr) = &args.remote {
+    let report = if args.remote.is_some() || args.remote_http.is_some() {
+        let token = match &args.auth_token_file {
+            Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+            None => None,
+        };
         let plan = super::remote::RemotePlan {
-            addr: addr.clone(),
-            concurrency: args.concurrency.clone(),
+            grpc: args.remote.clone(),
+            http: args.remote_http.clone(),
+            token,
+            concurrency: args.concurrency.iter().copied().filter(|&c| c > 0).collect(),
             requests_per_level: args.requests.max(1),
             max_tokens: args.tg.first().copied().unwrap_or(32).max(1),
             prompt: "Write a short story about a lighthouse keeper.".into(),
+            mixed: args.mixed.map(|prompt_tokens| super::remote::MixedPlan {
+                prompt_tokens: prompt_tokens.max(1),
+                streams: args.mixed_streams.max(1),
+                stream_tokens: args.mixed_stream_tokens.max(1),
+                idle_tokens: args.mixed_idle_tokens,
+            }),
         };
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         rt.block_on(super::remote::run(&plan, &pb))?

@@ -146,6 +146,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         profile,
         hashes,
         remote: Vec::new(),
+        mixed: Vec::new(),
     };
     engine.shutdown();
     Ok(report)

@@ -19,8 +19,11 @@ pub struct BenchReport {
     pub tests: Vec<TestResult>,
     pub profile: Profile,
     pub hashes: Option<HashSet>,
-    /// Present for `--remote` runs.
+    /// Present for `--remote` / `--remote-http` runs: one row per concurrency level and protocol.
     pub remote: Vec<RemoteResult>,
+    /// `--mixed` runs: one per protocol.
+    #[serde(default)]
+    pub mixed: Vec<MixedResult>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -121,6 +124,61 @@ pub struct RemoteResult {
     pub itl_p99_s: f64,
     /// Generated tokens per wall-clock second over all streams.
     pub tokens_per_second: f64,
+    /// "grpc" or "http" (reports from before the HTTP client are gRPC).
+    #[serde(default = "grpc")]
+    pub protocol: String,
+    /// Generated tokens over the level, as the server's usage reported them.
+    #[serde(default)]
+    pub generated_tokens: usize,
+    /// Prompt tokens over the level, as the server's usage reported them.
+    #[serde(default)]
+    pub prompt_tokens: usize,
+    /// Messages (gRPC) or SSE chunks (HTTP) that carried tokens: equal to `generated_tokens`
+    /// when every token travelled alone.
+    #[serde(default)]
+    pub deliveries: usize,
+}
+
+fn grpc() -> String {
+    "grpc".into()
+}
+
+/// p50/p95/p99 of a set of latencies, and how many there were.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySummary {
+    pub samples: usize,
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+}
+
+impl LatencySummary {
+    pub fn of(mut xs: Vec<f64>) -> LatencySummary {
+        xs.sort_by(f64::total_cmp);
+        LatencySummary { samples: xs.len(), p50_s: percentile(&xs, 0.5), p95_s: percentile(&xs, 0.95), p99_s: percentile(&xs, 0.99) }
+    }
+}
+
+/// The mixed scenario (`--mixed`): decoding streams' inter-token latency before and while one
+/// long prompt prefills.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MixedResult {
+    pub protocol: String,
+    /// Streams decoding throughout.
+    pub streams: usize,
+    /// The long prompt's length as the server's usage reported it.
+    pub long_prompt_tokens: usize,
+    /// From sending the long prompt to its first token: its prefill, as the client saw it.
+    pub long_ttft_s: f64,
+    /// Inter-token latency of the streams while all of them decoded and before the long prompt.
+    pub idle: LatencySummary,
+    /// Inter-token latency of tokens delivered between the long prompt's send and its first token.
+    pub during: LatencySummary,
+    /// during p99 / idle p99 (#14's target: <= 3); absent without samples on either side.
+    pub p99_ratio: Option<f64>,
+    /// False when a stream ended before the long prompt's first token (then `during` misses it).
+    pub streams_outlasted_prefill: bool,
+    pub errors: usize,
 }
 
 pub fn mean_stddev(xs: &[f64]) -> (f64, f64) {
@@ -222,13 +280,15 @@ impl BenchReport {
             }
         }
         if !self.remote.is_empty() {
-            s += "\n| concurrency | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | ITL p95 ms | ITL p99 ms | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            s += "\n| protocol | concurrency | requests | errors | generated | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | ITL p95 ms | ITL p99 ms | tokens/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for r in &self.remote {
                 s += &format!(
-                    "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} |\n",
+                    "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} |\n",
+                    r.protocol,
                     r.concurrency,
                     r.requests,
                     r.errors,
+                    r.generated_tokens,
                     r.ttft_p50_s * 1e3,
                     r.ttft_p95_s * 1e3,
                     r.ttft_p99_s * 1e3,
@@ -236,6 +296,35 @@ impl BenchReport {
                     r.itl_p95_s * 1e3,
                     r.itl_p99_s * 1e3,
                     r.tokens_per_second
+                );
+            }
+        }
+        if !self.mixed.is_empty() {
+            s += "\nmixed: streams' inter-token latency (ms) idle vs while one long prompt prefills\n\n| protocol | streams | long prompt tokens | long TTFT ms | idle n | idle p50 | idle p95 | idle p99 | during n | during p50 | during p95 | during p99 | p99 during/idle | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            for m in &self.mixed {
+                let ms = |x: f64| format!("{:.2}", x * 1e3);
+                s += &format!(
+                    "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    m.protocol,
+                    m.streams,
+                    m.long_prompt_tokens,
+                    m.long_ttft_s * 1e3,
+                    m.idle.samples,
+                    ms(m.idle.p50_s),
+                    ms(m.idle.p95_s),
+                    ms(m.idle.p99_s),
+                    m.during.samples,
+                    ms(m.during.p50_s),
+                    ms(m.during.p95_s),
+                    ms(m.during.p99_s),
+                    m.p99_ratio.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "n/a".into()),
+                    m.errors,
+                );
+            }
+            for m in self.mixed.iter().filter(|m| !m.streams_outlasted_prefill) {
+                s += &format!(
+                    "\nWARNING ({}): a stream ended before the long prompt's first token, so `during` misses part of the prefill: raise --mixed-stream-tokens, or the daemon's --max-active if the long prompt waited for a slot\n",
+                    m.protocol
                 );
             }
         }
