@@ -31,6 +31,27 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| ".git/HEAD".into());
     println!("cargo:rerun-if-changed={head}");
+    // HEAD names a branch ("ref: refs/heads/main"), whose file is what changes on each commit or
+    // merge: watch it too (and packed-refs), or the sha stays that of the first build.
+    let git_path = |p: &str| {
+        Command::new("git")
+            .args(["rev-parse", "--git-path", p])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let branch = Command::new("git")
+        .args(["symbolic-ref", "-q", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    for p in branch.iter().filter_map(|b| git_path(b)).chain(git_path("packed-refs")) {
+        if std::path::Path::new(&p).exists() {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let rustc_version = Command::new(rustc)
         .arg("--version")
