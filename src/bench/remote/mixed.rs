@@ -102,6 +102,9 @@ pub async fn run(target: &Target, plan: &MixedPlan, stream_prompt: &str) -> anyh
     }
     let long_record = target.stream(&StreamRequest { prompt: long, max_tokens: 1 }, StreamControl::default()).await;
     let _ = stop_tx.send(true);
+    if let Some(e) = &long_record.error {
+        eprintln!("mixed: the long prompt failed: {e}");
+    }
     let mut streams = Vec::new();
     for h in handles {
         streams.push(h.await?);
