@@ -1,20 +1,19 @@
-//! The CPU backend: a spinning thread pool (`cpu_pool`) over the quantised dot products of
-//! `crate::quant`.
+//! The CPU backend: rayon threads over the quantised dot products of `crate::quant`.
 //!
 //! Weights stay in the memory-mapped GGUF file (no copy); activations are f32 `Vec`s.
 //! Matmuls quantise the activation rows once (Q8_0 / Q8_K, like ggml) and then run
 //! integer block dot products in parallel over weight rows.
 
-use super::cpu_pool::SpinPool;
 use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
 use anyhow::{bail, Context};
+use rayon::prelude::*;
 use std::sync::Arc;
 
 pub struct CpuBackend {
-    pool: SpinPool,
+    pool: rayon::ThreadPool,
     threads: usize,
 }
 
@@ -75,7 +74,11 @@ impl CpuBackend {
     pub fn new(threads: usize) -> anyhow::Result<Self> {
         // 0: one thread per physical core of the affinity mask (cpu_topology).
         let threads = super::cpu_topology::CpuPlacement::detect().threads(threads);
-        let pool = SpinPool::new(threads).context("creating the CPU thread pool")?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("civetta-cpu-{i}"))
+            .build()
+            .context("creating the CPU thread pool")?;
         Ok(CpuBackend { pool, threads })
     }
 
@@ -116,7 +119,7 @@ const MAX_BLOCK_ROWS: usize = 16;
 
 /// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
 /// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
-/// least `ITEMS_PER_THREAD` items per thread, so that the pool's dynamic claiming evens out the threads
+/// least `ITEMS_PER_THREAD` items per thread, so that rayon's stealing evens out the threads
 /// (an item is then at most a quarter of a thread's share), with items as large as that
 /// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +215,10 @@ impl Backend for CpuBackend {
         self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim))
     }
 
+    fn run(&self, pass: &mut (dyn FnMut() + Send)) {
+        self.pool.install(pass)
+    }
+
     fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
         Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
     }
@@ -256,12 +263,12 @@ impl Backend for CpuBackend {
         let o = buf_mut(out);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            let norm = |r: usize, or: &mut [f32]| rmsnorm_row(&x[r * dim..(r + 1) * dim], &wv, eps, or);
-            let o = &mut o[..rows * dim];
+            let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
+            let (x, o) = (&x[..rows * dim], &mut o[..rows * dim]);
             if rows * dim >= PARALLEL_ELEMS {
-                self.pool.for_each_chunk_mut(o, dim, norm);
+                self.pool.install(|| x.par_chunks(dim).zip(o.par_chunks_mut(dim)).for_each(norm));
             } else {
-                o.chunks_mut(dim).enumerate().for_each(|(r, or)| norm(r, or));
+                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(norm);
             }
         })
     }
@@ -270,7 +277,7 @@ impl Backend for CpuBackend {
         let x = buf_mut(x);
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            let norm = |_: usize, row: &mut [f32]| {
+            let norm = |row: &mut [f32]| {
                 let scale = rms_scale(row, eps);
                 for (v, g) in row.iter_mut().zip(wv.iter()) {
                     *v = *v * scale * g;
@@ -278,9 +285,9 @@ impl Backend for CpuBackend {
             };
             let x = &mut x[..rows * dim];
             if rows * dim >= PARALLEL_ELEMS {
-                self.pool.for_each_chunk_mut(x, dim, norm);
+                self.pool.install(|| x.par_chunks_mut(dim).for_each(norm));
             } else {
-                x.chunks_mut(dim).for_each(|row| norm(0, row));
+                x.chunks_mut(dim).for_each(norm);
             }
         })
     }
@@ -321,13 +328,13 @@ impl Backend for CpuBackend {
         }
         let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
         self.timed(matmul_kernel_name(t), rows, || {
-            {
+            self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
-                let quantize = |r: usize, dst: &mut [u8]| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
+                let quantize = |(r, dst): (usize, &mut [u8])| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
                 if rows >= 4 {
-                    self.pool.for_each_chunk_mut(&mut acts, act_bytes, quantize);
+                    acts.par_chunks_mut(act_bytes).enumerate().for_each(quantize);
                 } else {
-                    acts.chunks_mut(act_bytes).enumerate().for_each(|(r, dst)| quantize(r, dst));
+                    acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
                 // Within an item, where the type has tile kernels: one weight row by four
@@ -338,7 +345,7 @@ impl Backend for CpuBackend {
                 // the block's weight rows.
                 let tiles = quant::has_dot_tile(t);
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
-                self.pool.for_each(blocks * tok_chunks, |item| {
+                (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
@@ -397,7 +404,7 @@ impl Backend for CpuBackend {
                         }
                     }
                 });
-            }
+            })
         })
     }
 
@@ -520,7 +527,8 @@ impl Backend for CpuBackend {
             let (g, u) = (&mut g[..n], &u[..n]);
             if n >= PARALLEL_ELEMS {
                 // Chunks of a multiple of 16 elements: the same vector lanes as one call.
-                self.pool.for_each_chunk_mut(g, PARALLEL_CHUNK, |i, g| silu::swiglu(g, &u[i * PARALLEL_CHUNK..][..g.len()]));
+                self.pool
+                    .install(|| g.par_chunks_mut(PARALLEL_CHUNK).zip(u.par_chunks(PARALLEL_CHUNK)).for_each(|(g, u)| silu::swiglu(g, u)));
             } else {
                 silu::swiglu(g, u);
             }
@@ -542,11 +550,11 @@ impl Backend for CpuBackend {
         let xs = buf_mut(x);
         let ys = buf(y);
         self.timed("add", 1, || {
-            let add = |xs: &mut [f32], ys: &[f32]| xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
+            let add = |(xs, ys): (&mut [f32], &[f32])| xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
             if n >= PARALLEL_ELEMS {
-                self.pool.for_each_chunk_mut(&mut xs[..n], PARALLEL_CHUNK, |i, xs| add(xs, &ys[i * PARALLEL_CHUNK..][..xs.len()]));
+                self.pool.install(|| xs[..n].par_chunks_mut(PARALLEL_CHUNK).zip(ys[..n].par_chunks(PARALLEL_CHUNK)).for_each(add));
             } else {
-                add(&mut xs[..n], &ys[..n]);
+                add((&mut xs[..n], &ys[..n]));
             }
         })
     }
@@ -1244,12 +1252,6 @@ fn yarn_cos_sin(theta: f32, i: usize, s: &RopeScaling) -> (f32, f32) {
     (angle.cos() * magnitude, angle.sin() * magnitude)
 }
 
-thread_local! {
-    /// Per-thread scratch of the attention items (f16 query, f16-rounded accumulator, the GQA
-    /// group kernel's buffers): allocated once per thread, not per region or item.
-    static ATTENTION_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<f32>, f16::GroupScratch)> = Default::default();
-}
-
 impl CpuBackend {
     /// RoPE of every head of each row; `scaling` as ggml's rope_ext (None: plain RoPE, the
     /// same arithmetic as a scaling of 1 / no YaRN / magnitude 1).
@@ -1322,32 +1324,33 @@ impl CpuBackend {
         // and in the output, and read the same K/V rows.
         let q_group = group * hd;
         self.timed("attention", s.n_tokens, || {
-            let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
-            let (q, o) = (&q[rows.clone()], &mut o[rows]);
-            self.pool.for_each_chunk_mut(o, q_group, |idx, out_g| {
-                ATTENTION_SCRATCH.with_borrow_mut(|(q16, acc, scratch)| {
-                    q16.resize(hd, 0);
-                    acc.resize(hd, 0.0);
-                    let t = idx / s.n_head_kv;
-                    let g = idx % s.n_head_kv;
-                    let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
-                    let end = s.start_pos + t + 1;
-                    // A sliding-window layer sees only the last `window` positions.
-                    let first = s.window.map_or(0, |w| end.saturating_sub(w));
-                    let rows = f16::KvRows { blocks, first, count: end - first, stride: kv_dim };
-                    let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                    if let Some(sinks) = sinks {
-                        let heads = &sinks[g * group..(g + 1) * group];
-                        for ((qh, out_h), &sink) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).zip(heads) {
-                            f16::attend_row_sink(qh, k, v, rows, scale, Some(sink), q16, acc, out_h);
+            self.pool.install(|| {
+                let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
+                let (q, o) = (&q[rows.clone()], &mut o[rows]);
+                o.par_chunks_mut(q_group).enumerate().for_each_init(
+                    || (vec![0u16; hd], vec![0f32; hd], f16::GroupScratch::default()),
+                    |(q16, acc, scratch), (idx, out_g)| {
+                        let t = idx / s.n_head_kv;
+                        let g = idx % s.n_head_kv;
+                        let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
+                        let end = s.start_pos + t + 1;
+                        // A sliding-window layer sees only the last `window` positions.
+                        let first = s.window.map_or(0, |w| end.saturating_sub(w));
+                        let rows = f16::KvRows { blocks, first, count: end - first, stride: kv_dim };
+                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                        if let Some(sinks) = sinks {
+                            let heads = &sinks[g * group..(g + 1) * group];
+                            for ((qh, out_h), &sink) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).zip(heads) {
+                                f16::attend_row_sink(qh, k, v, rows, scale, Some(sink), q16, acc, out_h);
+                            }
+                        } else if !f16::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
+                            for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
+                                f16::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
+                            }
                         }
-                    } else if !f16::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
-                        for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
-                            f16::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
-                        }
-                    }
-                })
-            });
+                    },
+                );
+            })
         })
     }
 }

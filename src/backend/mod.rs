@@ -5,7 +5,6 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
-pub mod cpu_pool;
 pub mod cpu_topology;
 pub mod geglu;
 pub mod gpu;
@@ -315,8 +314,9 @@ pub trait Backend: Send + Sync {
     }
     /// Waits for queued work (no-op on CPU).
     fn synchronize(&self) {}
-    /// Runs a whole forward pass (every backend just calls it; the CPU backend's calling
-    /// thread takes part in each op's parallel region, see `cpu_pool`).
+    /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so
+    /// that each op's parallel split is a cheap join inside the pool instead of a hand-off
+    /// from (and a wake-up of) the calling thread; other backends just call it.
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         pass()
     }
