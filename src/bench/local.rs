@@ -65,11 +65,20 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
     let total_runs = (plan.pp.len() + plan.tg.len() * plan.depths.len().max(1)) * (plan.repetitions + plan.warmup);
     progress.set_length(total_runs as u64 + plan.hash_tokens.min(1) as u64 * HASH_PROMPTS.len() as u64);
     crate::kernel_registry::registry().reset();
+    // Every prefill run gets a prompt no earlier run started with (the filler rotated by a
+    // counter), so the prefix cache cannot serve it and pp measures computed tokens only.
+    let mut pp_runs = 0usize;
     for &n in &plan.pp {
         let mut samples = Vec::new();
         for rep in 0..plan.warmup + plan.repetitions {
             progress.set_message(format!("pp{n}"));
-            let s = generate(&engine, ids[..n].to_vec(), 1)?;
+            let mut prompt = ids[..n].to_vec();
+            prompt.rotate_left(pp_runs % n);
+            pp_runs += 1;
+            let s = generate(&engine, prompt, 1)?;
+            if s.cached_prompt_tokens > 0 {
+                bail!("pp{n}: {} prompt tokens came from the prefix cache; the measurement would be wrong", s.cached_prompt_tokens);
+            }
             if rep >= plan.warmup {
                 samples.push(n as f64 / s.timings.prefill.as_secs_f64());
             }
