@@ -9,9 +9,7 @@ mod common;
 
 use civetta::backend;
 use civetta::engine::kv::BlockManager;
-use civetta::engine::{
-    Engine, EngineConfig, GenerationEvent, GenerationRequest, GenerationSummary, InvalidRequest, PromptInput, SamplingParams, SubmitError,
-};
+use civetta::engine::{Engine, GenerationEvent, GenerationRequest, GenerationSummary, InvalidRequest, SubmitError};
 use civetta::model::{self, KvCache, Logits, Model};
 use std::path::Path;
 
@@ -107,29 +105,11 @@ fn paged_and_prefix_cached_logits_equal_contiguous_bit_for_bit() {
 }
 
 fn engine(path: &Path, kv_cache_bytes: u64) -> Engine {
-    Engine::load(EngineConfig {
-        model_path: path.to_path_buf(),
-        threads: 2,
-        max_active_sequences: 4,
-        max_queue: 64,
-        context_length: 512,
-        prefill_batch: 16,
-        max_batch_tokens: 24,
-        kv_cache_bytes,
-        ..EngineConfig::default()
-    })
-    .unwrap()
+    common::small_engine(path, kv_cache_bytes)
 }
 
 fn request(tokens: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt: PromptInput::Tokens(tokens),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-        top_logprobs: 0,
-    }
+    common::greedy_request(tokens, max_tokens)
 }
 
 fn finish(stream: &mut civetta::engine::GenerationStream) -> GenerationSummary {

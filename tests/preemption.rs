@@ -26,18 +26,7 @@ fn engine(path: &Path, kv_blocks: Option<u64>) -> Engine {
         let m = civetta::model::load_file(path, civetta::backend::create("cpu", 1).unwrap()).unwrap();
         m.cache_bytes(16) as u64
     };
-    Engine::load(EngineConfig {
-        model_path: path.to_path_buf(),
-        threads: 2,
-        max_active_sequences: 4,
-        max_queue: 64,
-        context_length: 512,
-        prefill_batch: 16,
-        max_batch_tokens: 24,
-        kv_cache_bytes: kv_blocks.map_or(0, |n| n * block_bytes),
-        ..EngineConfig::default()
-    })
-    .unwrap()
+    common::small_engine(path, kv_blocks.map_or(0, |n| n * block_bytes))
 }
 
 fn request(tokens: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> GenerationRequest {

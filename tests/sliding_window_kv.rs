@@ -10,7 +10,7 @@ mod common;
 
 use civetta::backend;
 use civetta::engine::kv::BlockManager;
-use civetta::engine::{Engine, EngineConfig, FinishReason, GenerationEvent, GenerationRequest, PromptInput, SamplingParams};
+use civetta::engine::{Engine, FinishReason, GenerationEvent, GenerationRequest};
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
 use std::path::{Path, PathBuf};
 
@@ -101,29 +101,11 @@ fn trimmed_window_logits_equal_the_untrimmed_cache_bit_for_bit() {
 }
 
 fn engine(path: &Path, kv_cache_bytes: u64) -> Engine {
-    Engine::load(EngineConfig {
-        model_path: path.to_path_buf(),
-        threads: 2,
-        max_active_sequences: 4,
-        max_queue: 64,
-        context_length: 512,
-        prefill_batch: 16,
-        max_batch_tokens: 24,
-        kv_cache_bytes,
-        ..EngineConfig::default()
-    })
-    .unwrap()
+    common::small_engine(path, kv_cache_bytes)
 }
 
 fn greedy(tokens: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt: PromptInput::Tokens(tokens),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-        top_logprobs: 0,
-    }
+    common::greedy_request(tokens, max_tokens)
 }
 
 /// Token ids and logprob bits of a stream; `peak` records the largest KV bytes in use seen.

@@ -97,3 +97,32 @@ pub fn settled_stats(e: &civetta::engine::Engine, done: impl Fn(&civetta::engine
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// The small CPU engine of the KV-pool tests (paged_kv, preemption, sliding_window_kv): 4
+/// sequences, 512 positions, 16-row prefill chunks, 24-row steps; `kv_cache_bytes` 0 = default.
+pub fn small_engine(path: &Path, kv_cache_bytes: u64) -> civetta::engine::Engine {
+    civetta::engine::Engine::load(civetta::engine::EngineConfig {
+        model_path: path.to_path_buf(),
+        threads: 2,
+        max_active_sequences: 4,
+        max_queue: 64,
+        context_length: 512,
+        prefill_batch: 16,
+        max_batch_tokens: 24,
+        kv_cache_bytes,
+        ..civetta::engine::EngineConfig::default()
+    })
+    .unwrap()
+}
+
+/// A greedy request for `tokens` that ignores end-of-generation.
+pub fn greedy_request(tokens: Vec<u32>, max_tokens: usize) -> civetta::engine::GenerationRequest {
+    civetta::engine::GenerationRequest {
+        prompt: civetta::engine::PromptInput::Tokens(tokens),
+        max_tokens,
+        sampling: civetta::engine::SamplingParams::default(),
+        stop: vec![],
+        ignore_eos: true,
+        top_logprobs: 0,
+    }
+}
