@@ -99,6 +99,8 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
         GgmlType::Q8_0 => "matmul_q8_0",
         GgmlType::Q4_0 => "matmul_q4_0",
         GgmlType::Q4_1 => "matmul_q4_1",
+        GgmlType::Q5_0 => "matmul_q5_0",
+        GgmlType::Q5_1 => "matmul_q5_1",
         GgmlType::Q4_K => "matmul_q4_k",
         GgmlType::Q5_K => "matmul_q5_k",
         GgmlType::Q6_K => "matmul_q6_k",
