@@ -307,6 +307,12 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
     Ok(())
 }
 
+/// The kernel level in use (as `simd_level`), for other CPU kernels that choose their
+/// instruction set the same way (the attention), so CIVETTA_SIMD caps them too.
+pub fn kernel_level() -> SimdLevel {
+    simd::level()
+}
+
 /// Which kernel level vec_dot uses on this machine: "avx512vnni", "avx2" or "scalar"
 /// (env CIVETTA_SIMD=avx2|scalar caps it, for comparisons).
 pub fn simd_level() -> &'static str {
