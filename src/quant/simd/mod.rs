@@ -118,6 +118,13 @@ pub(crate) fn has_tile(level: SimdLevel, t: GgmlType) -> bool {
             || level >= SimdLevel::Avx512Vnni && t == Q5_1)
 }
 
+/// Whether `vec_dot_rows_tile` runs this type's tile two weight rows at a time: the AVX-512
+/// tiles of Q5_0, Q4_1 and Q5_1, whose per-block activation work (two loads, Q5_0's offset
+/// sums, the scale conversion) is then shared by both rows (2 x 4 fits the 32 registers).
+pub(crate) fn pairs_weight_rows(level: SimdLevel, t: GgmlType) -> bool {
+    level == SimdLevel::Avx512Vnni && matches!(t, GgmlType::Q5_0 | GgmlType::Q4_1 | GgmlType::Q5_1)
+}
+
 /// R weight rows against T activation rows, out[r][t] bit-identical to `dot_at` of row r and
 /// activation t. The caller checked `has_tile`, `available` and every row length.
 #[inline]
