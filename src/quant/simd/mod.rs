@@ -108,14 +108,12 @@ pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize
 }
 
 /// Whether `dot_tile_at` has a fused kernel for this type at this level: from AVX2 up for
-/// Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, at AVX-512 also Q5_1. Each level's tile
+/// Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Each level's tile
 /// reproduces that level's single dot (the AVX-512 tiles of Q5_0, Q4_1 and Q5_1 reproduce
 /// the 256-bit single dots that level runs for them, two dots per 512-bit register).
 pub(crate) fn has_tile(level: SimdLevel, t: GgmlType) -> bool {
     use GgmlType::*;
-    cfg!(target_arch = "x86_64")
-        && (level >= SimdLevel::Avx2 && matches!(t, Q4_1 | Q8_0 | Q4_0 | Q5_0 | Q4_K | Q5_K | Q6_K)
-            || level >= SimdLevel::Avx512Vnni && t == Q5_1)
+    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && matches!(t, Q4_1 | Q8_0 | Q4_0 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
 }
 
 /// Whether `vec_dot_rows_tile` runs this type's tile two weight rows at a time: the AVX-512
@@ -149,6 +147,7 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
                 (SimdLevel::Avx512Vnni, GgmlType::Q5_1) => avx512::tiles::dot_q5_1_tile::<R, T>(w, a, nb),
                 (_, GgmlType::Q4_1) => avx2::dot_q4_1_tile::<R, T>(w, a, nb, 0),
                 (_, GgmlType::Q5_0) => avx2::tiles::dot_q5_0_tile::<R, T>(w, a, nb),
+                (_, GgmlType::Q5_1) => avx2::tiles::dot_q5_1_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q8_0) => avx512::tiles::dot_q8_0_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q4_0) => avx512::tiles::dot_q4_0_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q4_K) => avx512::tiles::dot_q4_k_tile::<R, T>(w, a, nsb),
