@@ -874,6 +874,7 @@ mod f16 {
         out: &mut [f32],
         scratch: &mut GroupScratch,
     ) -> bool {
+        #[cfg(target_arch = "x86_64")]
         use crate::quant::SimdLevel;
         #[cfg(target_arch = "x86_64")]
         if level >= SimdLevel::Avx2
@@ -1428,6 +1429,7 @@ impl CpuBackend {
 #[cfg(test)]
 mod attention_tests {
     use super::f16;
+    #[cfg(target_arch = "x86_64")]
     use crate::quant::SimdLevel;
 
     fn contiguous(stride: usize, rows: usize) -> f16::KvRows<'static> {
