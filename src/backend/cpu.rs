@@ -99,6 +99,8 @@ fn matmul_kernel_name(t: GgmlType) -> &'static str {
         GgmlType::Q8_0 => "matmul_q8_0",
         GgmlType::Q4_0 => "matmul_q4_0",
         GgmlType::Q4_1 => "matmul_q4_1",
+        GgmlType::Q5_0 => "matmul_q5_0",
+        GgmlType::Q5_1 => "matmul_q5_1",
         GgmlType::Q4_K => "matmul_q4_k",
         GgmlType::Q5_K => "matmul_q5_k",
         GgmlType::Q6_K => "matmul_q6_k",
@@ -599,6 +601,11 @@ fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// The AVX-512 form of `f16::attend_group` (src/backend/cpu_attention_avx512.rs).
+#[cfg(target_arch = "x86_64")]
+#[path = "cpu_attention_avx512.rs"]
+mod attention_avx512;
+
 /// f16 helpers of the attention: the same numbers on every path (the x86 one uses F16C and
 /// FMA, the portable one `half` and `mul_add`, both round to nearest even and fuse the same
 /// multiply-adds).
@@ -785,25 +792,59 @@ mod f16 {
     }
 
     /// K/V rows converted to f32 per block in `attend_group` (16 KiB of scratch at head size 64).
-    const GROUP_BLOCK: usize = 32;
+    pub(super) const GROUP_BLOCK: usize = 32;
+
+    /// The online-softmax steps of `attend_row_steps` for a block of scores, continuing the
+    /// running max m and sum: per row, whether it is a new maximum (the accumulator is then
+    /// rescaled by ms first), and the factors on the old accumulator (ms) and on V (vs).
+    pub(super) struct SoftmaxSteps {
+        pub(super) rescale: [bool; GROUP_BLOCK],
+        pub(super) ms: [f32; GROUP_BLOCK],
+        pub(super) vs: [f32; GROUP_BLOCK],
+    }
+
+    #[inline(always)]
+    pub(super) fn softmax_steps(scores: &[f32], m: &mut f32, sum: &mut f32) -> SoftmaxSteps {
+        let mut st = SoftmaxSteps { rescale: [false; GROUP_BLOCK], ms: [1.0; GROUP_BLOCK], vs: [1.0; GROUP_BLOCK] };
+        let (mut mx, mut s) = (*m, *sum);
+        for (j, &sc) in scores.iter().enumerate() {
+            if sc > mx {
+                let old = mx;
+                mx = sc;
+                st.ms[j] = (old - mx).exp();
+                st.rescale[j] = true;
+            } else {
+                st.vs[j] = (sc - mx).exp();
+            }
+            s = s.mul_add(st.ms[j], st.vs[j]);
+        }
+        (*m, *sum) = (mx, s);
+        st
+    }
+
+    /// Rows per block of `attend_group`: the f32 K and V of a block stay within 32 KiB (L1)
+    /// up to head size 128; 16 rows at 256.
+    pub(super) fn group_block_rows(hd: usize) -> usize {
+        (GROUP_BLOCK * 128 / hd).min(GROUP_BLOCK)
+    }
 
     /// Per-thread scratch of `attend_group`.
     #[derive(Default)]
     pub struct GroupScratch {
-        q: Vec<f32>,
-        k: Vec<f32>,
-        v: Vec<f32>,
-        acc: Vec<f32>,
-        m: Vec<f32>,
-        sum: Vec<f32>,
+        pub(super) q: Vec<f32>,
+        pub(super) k: Vec<f32>,
+        pub(super) v: Vec<f32>,
+        pub(super) acc: Vec<f32>,
+        pub(super) m: Vec<f32>,
+        pub(super) sum: Vec<f32>,
     }
 
     /// `attend_row_steps` for all query heads of one GQA group at once (`q` and `out` hold
     /// the group's heads one after another), bit for bit, with q and the accumulator in
     /// registers within each block of rows: the heads of a group read the same K/V rows, so
     /// each block of rows is converted from f16 once for all of them. Returns false (and does
-    /// nothing) where no fused kernel exists: head sizes other than 64 and 128, or no
-    /// AVX2/FMA/F16C.
+    /// nothing) where no fused kernel exists: head sizes other than 64, 128 and 256 (Gemma 3),
+    /// or a kernel level below AVX2 (`quant::kernel_level`, the dot products' level).
     #[allow(clippy::too_many_arguments)]
     pub fn attend_group(
         q: &[f32],
@@ -815,28 +856,56 @@ mod f16 {
         out: &mut [f32],
         scratch: &mut GroupScratch,
     ) -> bool {
+        attend_group_at(crate::quant::kernel_level(), q, hd, k, v, rows, scale, out, scratch)
+    }
+
+    /// `attend_group` with the kernels of an explicit level (for the tests): AVX-512 (the
+    /// 16-lane form, same bits) at `Avx512Vnni`, AVX2 at `Avx2`, none at `Scalar` or where
+    /// the CPU lacks the level.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_group_at(
+        level: crate::quant::SimdLevel,
+        q: &[f32],
+        hd: usize,
+        k: &[u16],
+        v: &[u16],
+        rows: KvRows<'_>,
+        scale: f32,
+        out: &mut [f32],
+        scratch: &mut GroupScratch,
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if *X86
-            && (hd == 64 || hd == 128)
+        use crate::quant::SimdLevel;
+        #[cfg(target_arch = "x86_64")]
+        if level >= SimdLevel::Avx2
+            && level.available()
+            && (hd == 64 || hd == 128 || hd == 256)
             && rows.count > 0
             && q.len().is_multiple_of(hd)
             && out.len() == q.len()
             && k.len() >= rows.max_offset() + hd
             && v.len() >= rows.max_offset() + hd
         {
-            // SAFETY: avx2/fma/f16c detected; the slice lengths cover every row read.
+            // SAFETY: the level's features are available (Avx2: avx2/fma/f16c; Avx512Vnni:
+            // those and avx512f/bw/vl); the slice lengths cover every row read.
             unsafe {
-                if hd == 64 {
-                    x86::attend_group::<8>(q, k, v, rows, scale, out, scratch)
-                } else {
-                    x86::attend_group::<16>(q, k, v, rows, scale, out, scratch)
+                match (level, hd) {
+                    (SimdLevel::Avx512Vnni, 64) => x86_512::attend_group::<4>(q, k, v, rows, scale, out, scratch),
+                    (SimdLevel::Avx512Vnni, 128) => x86_512::attend_group::<8>(q, k, v, rows, scale, out, scratch),
+                    (SimdLevel::Avx512Vnni, _) => x86_512::attend_group::<16>(q, k, v, rows, scale, out, scratch),
+                    (_, 64) => x86::attend_group::<8>(q, k, v, rows, scale, out, scratch),
+                    (_, 128) => x86::attend_group::<16>(q, k, v, rows, scale, out, scratch),
+                    _ => x86::attend_group::<32>(q, k, v, rows, scale, out, scratch),
                 }
             }
             return true;
         }
-        let _ = (q, hd, k, v, rows, scale, out, scratch);
+        let _ = (level, q, hd, k, v, rows, scale, out, scratch);
         false
     }
+
+    #[cfg(target_arch = "x86_64")]
+    use super::attention_avx512 as x86_512;
 
     #[cfg(target_arch = "x86_64")]
     mod x86 {
@@ -873,8 +942,9 @@ mod f16 {
             for i in (0..q.len()).step_by(8) {
                 _mm256_storeu_ps(qr.as_mut_ptr().add(i), round(_mm256_loadu_ps(q.as_ptr().add(i))));
             }
-            for j0 in (0..rows).step_by(GROUP_BLOCK) {
-                let n = GROUP_BLOCK.min(rows - j0);
+            let block = super::group_block_rows(hd);
+            for j0 in (0..rows).step_by(block) {
+                let n = block.min(rows - j0);
                 for j in 0..n {
                     let at = kv_rows.offset(j0 + j);
                     let (kp, vp) = (k.as_ptr().add(at), v.as_ptr().add(at));
@@ -934,32 +1004,34 @@ mod f16 {
                 }
                 *sc = reduce_lanes(lo, hi) * scale;
             }
-            // Per row: whether it is a new maximum (the accumulator is rescaled by ms first),
-            // and the factors on the old accumulator and on V.
-            let mut rescale = [false; GROUP_BLOCK];
-            let (mut ms, mut vs) = ([1f32; GROUP_BLOCK], [1f32; GROUP_BLOCK]);
-            let (mut mx, mut s) = (*m, *sum);
-            for j in 0..n {
-                let sc = scores[j];
-                if sc > mx {
-                    let old = mx;
-                    mx = sc;
-                    ms[j] = (old - mx).exp();
-                    rescale[j] = true;
-                } else {
-                    vs[j] = (sc - mx).exp();
+            let st = super::softmax_steps(&scores[..n], m, sum);
+            // The accumulator stays in registers across the rows: all of it up to head size
+            // 128, 128 columns at a time above (head size 256 would need 32 of the 16 ymm
+            // registers); each column's operations and their row order are the same.
+            let steps = (&st.rescale[..n], &st.ms[..n], &st.vs[..n]);
+            if HD8 <= 16 {
+                accumulate::<HD8>(acc, v, 8 * HD8, steps);
+            } else {
+                for g in 0..HD8 / 16 {
+                    accumulate::<16>(acc.add(128 * g), v.add(128 * g), 8 * HD8, steps);
                 }
-                s = s.mul_add(ms[j], vs[j]);
             }
-            let mut av: [__m256; HD8] = std::array::from_fn(|c| _mm256_loadu_ps(acc.add(8 * c)));
-            for j in 0..n {
+        }
+
+        /// The accumulator updates of `attend_block` for 8 * W columns: per row j, rescale by
+        /// ms[j] where the row set a new maximum, then acc = f16(fma(v_j, vs[j], acc)); V rows
+        /// `stride` floats apart.
+        #[inline(always)]
+        unsafe fn accumulate<const W: usize>(acc: *mut f32, v: *const f32, stride: usize, (rescale, ms, vs): (&[bool], &[f32], &[f32])) {
+            let mut av: [__m256; W] = std::array::from_fn(|c| _mm256_loadu_ps(acc.add(8 * c)));
+            for j in 0..vs.len() {
                 if rescale[j] {
                     let msv = _mm256_set1_ps(ms[j]);
                     for a in av.iter_mut() {
                         *a = round(_mm256_mul_ps(*a, msv));
                     }
                 }
-                let vp = v.add(j * 8 * HD8);
+                let vp = v.add(j * stride);
                 let vsv = _mm256_set1_ps(vs[j]);
                 for (c, a) in av.iter_mut().enumerate() {
                     *a = round(_mm256_fmadd_ps(_mm256_loadu_ps(vp.add(8 * c)), vsv, *a));
@@ -968,7 +1040,6 @@ mod f16 {
             for (c, a) in av.iter().enumerate() {
                 _mm256_storeu_ps(acc.add(8 * c), *a);
             }
-            (*m, *sum) = (mx, s);
         }
 
         #[inline(always)]
@@ -1358,6 +1429,8 @@ impl CpuBackend {
 #[cfg(test)]
 mod attention_tests {
     use super::f16;
+    #[cfg(target_arch = "x86_64")]
+    use crate::quant::SimdLevel;
 
     fn contiguous(stride: usize, rows: usize) -> f16::KvRows<'static> {
         f16::KvRows { blocks: crate::backend::KvBlocks::CONTIGUOUS, first: 0, count: rows, stride }
@@ -1378,7 +1451,7 @@ mod attention_tests {
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
         };
         let mut scratch = f16::GroupScratch::default();
-        for hd in [64usize, 128] {
+        for (level, hd) in [SimdLevel::Avx2, SimdLevel::Avx512Vnni].into_iter().flat_map(|l| [(l, 64usize), (l, 128), (l, 256)]) {
             let (kv_heads, rows_max) = (3usize, 70usize);
             let stride = kv_heads * hd;
             let kf: Vec<f32> = (0..rows_max * stride).map(|_| rnd()).collect();
@@ -1390,9 +1463,10 @@ mod attention_tests {
             for heads_per_group in [1usize, 3, 4] {
                 let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
                 for g in 0..kv_heads {
-                    for rows in [1usize, 2, 7, 32, 33, 64, rows_max] {
+                    for rows in [1usize, 2, 7, 16, 17, 32, 33, 64, rows_max] {
                         let mut fused = vec![0f32; q.len()];
-                        let ran = f16::attend_group(
+                        let ran = f16::attend_group_at(
+                            level,
                             &q,
                             hd,
                             &k[g * hd..],
@@ -1403,8 +1477,8 @@ mod attention_tests {
                             &mut scratch,
                         );
                         if !ran {
-                            assert!(!is_x86_feature_detected!("avx2"), "an AVX2 CPU must take the fused path");
-                            return;
+                            assert!(!level.available(), "a CPU with {level:?} must take the fused path");
+                            continue;
                         }
                         let (mut q16, mut acc) = (vec![0u16; hd], vec![0f32; hd]);
                         for h in 0..heads_per_group {

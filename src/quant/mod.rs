@@ -235,8 +235,8 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
 
 /// out[r][t] = `vec_dot(weight, row r of w_rows, act_rows[t], n)` for the `out.len()`
 /// consecutive weight rows in `w_rows` against T activation rows, bit for bit, through the
-/// 1 x T tile kernels (the prefill GEMM's and batched decode's inner step: each weight block
-/// unpacked once per T dots); one length check for the whole range, weight rows prefetched
+/// 1 x T (2 x T where `simd::pairs_weight_rows`) tile kernels (the prefill GEMM's and batched
+/// decode's inner step: each weight block unpacked once per T dots); one length check for the whole range, weight rows prefetched
 /// `PREFETCH_ROWS` ahead like `vec_dot_rows`. Call only where `has_dot_tile(weight)`.
 pub fn vec_dot_rows_tile<const T: usize>(weight: GgmlType, w_rows: &[u8], act_rows: [&[u8]; T], n: usize, out: &mut [[f32; T]]) {
     assert!(has_dot_tile(weight), "no {weight} tile kernel on this CPU");
@@ -250,7 +250,21 @@ pub fn vec_dot_rows_tile<const T: usize>(weight: GgmlType, w_rows: &[u8], act_ro
     }
     let level = simd::level();
     let ahead = simd::PREFETCH_ROWS * row_bytes;
-    for (o, w) in out.iter_mut().zip(w_rows.chunks_exact(row_bytes)) {
+    let row = |r: usize| &w_rows[r * row_bytes..(r + 1) * row_bytes];
+    let mut r = 0;
+    // Two weight rows per tile where the level's tile shares the activation side (loads,
+    // offsets, scales) between rows and has the registers for it.
+    if simd::pairs_weight_rows(level, weight) {
+        while r + 2 <= out.len() {
+            let w = [row(r), row(r + 1)];
+            simd::prefetch(w[0].as_ptr().wrapping_add(ahead), 2 * row_bytes);
+            let [v0, v1] = simd::dot_tile_at::<2, T>(level, weight, w, act_rows, n);
+            (out[r], out[r + 1]) = (v0, v1);
+            r += 2;
+        }
+    }
+    for (o, r) in out[r..].iter_mut().zip(r..) {
+        let w = row(r);
         simd::prefetch(w.as_ptr().wrapping_add(ahead), row_bytes);
         let [v] = simd::dot_tile_at::<1, T>(level, weight, [w], act_rows, n);
         *o = v;
@@ -305,6 +319,12 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
         _ => unreachable!("rejected by check_row"),
     }
     Ok(())
+}
+
+/// The kernel level in use (as `simd_level`), for other CPU kernels that choose their
+/// instruction set the same way (the attention), so CIVETTA_SIMD caps them too.
+pub fn kernel_level() -> SimdLevel {
+    simd::level()
 }
 
 /// Which kernel level vec_dot uses on this machine: "avx512vnni", "avx2" or "scalar"

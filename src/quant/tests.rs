@@ -563,12 +563,16 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
     }
     eprintln!("tile kernels checked: {tiled:?}");
     if SimdLevel::Avx2.available() {
-        for t in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for t in
+            [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        {
             assert!(tiled.contains(&format!("{t}@avx2")), "an AVX2 CPU has the {t} tile kernel");
         }
     }
     if SimdLevel::Avx512Vnni.available() {
-        for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for t in
+            [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        {
             assert!(tiled.contains(&format!("{t}@avx512vnni")), "an AVX-512 VNNI CPU has the {t} tile kernel");
         }
     }

@@ -2,7 +2,9 @@
 //! - 32-blocks (Q8_0/Q4_0): two blocks per 512-bit register, `vpdpbusd` for the integer
 //!   products (u8 x i8; Q8_0 weights use the abs/negate sign trick), one f32 scale per half.
 //!   (Measured on Zen 4: 5-25% faster than one block per 256-bit register with VNNI.)
-//!   Q4_1 keeps ggml's one-block-per-256-bit order so its sums are bit-identical to llama.cpp's.
+//!   Q4_1 keeps ggml's one-block-per-256-bit order so its sums are bit-identical to llama.cpp's,
+//!   and so do Q5_0/Q5_1 (they run the AVX2 single dots); their tiles (tiles.rs) put two
+//!   such 256-bit dots side by side in one 512-bit register.
 //! - K-quants: one 64-element chunk per register; `vpmaddubsw` (levels are unsigned) then
 //!   `vpdpwssd` with the sub-block scales broadcast per lane; mins and Q6_K's -32 offset come
 //!   from the Q8_K group sums once per super-block.
@@ -11,7 +13,7 @@
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
 use super::super::k_quants::{unpack_scales_mins_k4, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
-use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
+use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, Q8_1_BYTES};
 use super::GgmlType;
 use std::arch::x86_64::*;
 

@@ -108,12 +108,19 @@ pub(crate) fn dot_at(level: SimdLevel, t: GgmlType, w: &[u8], a: &[u8], n: usize
 }
 
 /// Whether `dot_tile_at` has a fused kernel for this type at this level: from AVX2 up for
-/// Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K. Each level's tile reproduces that level's
-/// single dot (the AVX-512 level runs the AVX2 tiles where its single dot is the AVX2 one:
-/// Q5_0, and Q4_1 whose AVX2 integer sums and float order equal its own `dot_q4_1`).
+/// Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Each level's tile
+/// reproduces that level's single dot (the AVX-512 tiles of Q5_0, Q4_1 and Q5_1 reproduce
+/// the 256-bit single dots that level runs for them, two dots per 512-bit register).
 pub(crate) fn has_tile(level: SimdLevel, t: GgmlType) -> bool {
     use GgmlType::*;
-    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && matches!(t, Q4_1 | Q8_0 | Q4_0 | Q5_0 | Q4_K | Q5_K | Q6_K)
+    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2 && matches!(t, Q4_1 | Q8_0 | Q4_0 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
+}
+
+/// Whether `vec_dot_rows_tile` runs this type's tile two weight rows at a time: the AVX-512
+/// tiles of Q5_0, Q4_1 and Q5_1, whose per-block activation work (two loads, Q5_0's offset
+/// sums, the scale conversion) is then shared by both rows (2 x 4 fits the 32 registers).
+pub(crate) fn pairs_weight_rows(level: SimdLevel, t: GgmlType) -> bool {
+    level == SimdLevel::Avx512Vnni && matches!(t, GgmlType::Q5_0 | GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
 /// R weight rows against T activation rows, out[r][t] bit-identical to `dot_at` of row r and
@@ -135,8 +142,12 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
         // from Avx2 up) and the rows hold n elements (both checked by the caller).
         unsafe {
             match (level, t) {
+                (SimdLevel::Avx512Vnni, GgmlType::Q4_1) => avx512::tiles::dot_q4_1_tile::<R, T>(w, a, nb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q5_0) => avx512::tiles::dot_q5_0_tile::<R, T>(w, a, nb),
+                (SimdLevel::Avx512Vnni, GgmlType::Q5_1) => avx512::tiles::dot_q5_1_tile::<R, T>(w, a, nb),
                 (_, GgmlType::Q4_1) => avx2::dot_q4_1_tile::<R, T>(w, a, nb, 0),
                 (_, GgmlType::Q5_0) => avx2::tiles::dot_q5_0_tile::<R, T>(w, a, nb),
+                (_, GgmlType::Q5_1) => avx2::tiles::dot_q5_1_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q8_0) => avx512::tiles::dot_q8_0_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q4_0) => avx512::tiles::dot_q4_0_tile::<R, T>(w, a, nb),
                 (SimdLevel::Avx512Vnni, GgmlType::Q4_K) => avx512::tiles::dot_q4_k_tile::<R, T>(w, a, nsb),
@@ -155,13 +166,21 @@ pub(crate) fn dot_tile_at<const R: usize, const T: usize>(
     unreachable!("has_tile is false off x86-64")
 }
 
-/// `avx2::dot_q4_1_x4_scaled`; the caller checked the level (Avx2 or above) and the lengths.
+/// `dot_q4_1_x4_scaled` of the level in use (AVX-512 or AVX2); the caller checked the level
+/// (Avx2 or above) and the lengths.
 #[inline]
 pub(crate) fn dot_q4_1_x4_scaled(w: &[u8], a: [&[u8]; 4], d: &[f32], s: &[f32], stride: usize, nb: usize) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: see the caller (quant::vec_dot_q4_1_x4).
-        unsafe { avx2::dot_q4_1_x4_scaled(w.as_ptr(), a.map(|r| r.as_ptr()), d.as_ptr(), s.as_ptr(), stride, nb) }
+        let (w, a, d, s) = (w.as_ptr(), a.map(|r| r.as_ptr()), d.as_ptr(), s.as_ptr());
+        // SAFETY: see the caller (quant::vec_dot_q4_1_x4); the level is available.
+        unsafe {
+            if level() == SimdLevel::Avx512Vnni {
+                avx512::tiles::dot_q4_1_x4_scaled(w, a, d, s, stride, nb)
+            } else {
+                avx2::dot_q4_1_x4_scaled(w, a, d, s, stride, nb)
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("has_tile is false off x86-64")

@@ -1,6 +1,6 @@
 //! AVX2 tile kernels: R weight rows against T activation rows in one pass, each result bit for
-//! bit the single dot of the parent module (`dot_q8_0`, `dot_q4_0`, `dot_q5_0`, `dot_q4_k`,
-//! `dot_q5_k`, `dot_q6_k`). A weight block is loaded and unpacked once per tile instead of
+//! bit the single dot of the parent module (`dot_q8_0`, `dot_q4_0`, `dot_q5_0`, `dot_q5_1`,
+//! `dot_q4_k`, `dot_q5_k`, `dot_q6_k`). A weight block is loaded and unpacked once per tile instead of
 //! once per dot; every output keeps its own accumulators, block order, scale products and
 //! horizontal sums (only exact integer work is shared or reordered). The Q4_1 tile lives in
 //! the parent (`dot_q4_1_tile`).
@@ -232,6 +232,41 @@ pub(in super::super) unsafe fn dot_q6_k_tile<const R: usize, const T: usize>(
     for r in 0..R {
         for t in 0..T {
             out[r][t] = hsum256(acc[r][t]);
+        }
+    }
+    out
+}
+
+/// Q5_1 x Q8_1 tile (`dot_q5_1`: the m * s terms summed apart per output, added after the
+/// horizontal sum).
+///
+/// # Safety
+/// avx2/fma/f16c; every row holds `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q5_1_tile<const R: usize, const T: usize>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+) -> [[f32; T]; R] {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut summs = [[0f32; T]; R];
+    for i in 0..nb {
+        for r in 0..R {
+            let bw = w[r].add(i * Q5_1_BYTES);
+            let q = _mm256_or_si256(nibbles_16(bw.add(8)), fifth_bits_32(bw.add(4)));
+            let m_w = f16c(rd16(bw.add(2)) as u16);
+            for t in 0..T {
+                let ba = a[t].add(i * Q8_1_BYTES);
+                let dot = widen(_mm256_maddubs_epi16(q, loadu256(ba.add(4))));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale_product(bw, ba), acc[r][t]);
+                summs[r][t] += m_w * f16c(rd16(ba.add(2)) as u16);
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = hsum256(acc[r][t]) + summs[r][t];
         }
     }
     out

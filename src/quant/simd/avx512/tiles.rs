@@ -235,3 +235,186 @@ pub(in super::super) unsafe fn dot_q6_k_tile<const R: usize, const T: usize>(
     }
     out
 }
+
+/// The 32 levels (0..=15) of one 4-bit block whose 16 nibble bytes start at p, in element
+/// order, in both 256-bit halves: [low nibbles, high nibbles, low nibbles, high nibbles].
+#[inline(always)]
+unsafe fn nibbles_16_twice(p: *const u8) -> __m512i {
+    let x4 = _mm512_broadcast_i32x4(_mm_loadu_si128(p as _));
+    // Shift the second and fourth copies right by 4 (16-bit lanes 8..15 and 24..31).
+    const S4: i64 = 0x0004_0004_0004_0004;
+    let shifts = _mm512_setr_epi64(0, 0, S4, S4, 0, 0, S4, S4);
+    _mm512_and_si512(_mm512_srlv_epi16(x4, shifts), _mm512_set1_epi8(0x0F))
+}
+
+/// Adds 16 to level j of both halves where bit j of the little-endian u32 at qh is set (the
+/// fifth bit of Q5_0/Q5_1; the levels are < 16, so the add is the or).
+#[inline(always)]
+unsafe fn with_fifth_bits(q: __m512i, qh: *const u8) -> __m512i {
+    let bits = (qh as *const u32).read_unaligned() as u64;
+    _mm512_mask_add_epi8(q, bits | bits << 32, q, _mm512_set1_epi8(16))
+}
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u64 {
+    (p as *const u32).read_unaligned() as u64
+}
+
+/// The low and high 256-bit halves of an f32 register.
+#[inline(always)]
+unsafe fn halves(v: __m512) -> (__m256, __m256) {
+    (_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))))
+}
+
+/// The 32-element block formats whose single dot at this level is the 256-bit one (ggml's
+/// order, kept for llama.cpp parity: Q5_0 with Q8_0 activations, Q4_1 and Q5_1 with Q8_1):
+/// one block per 8 f32 lanes, one FMA per block with d_w * d_a, for Q8_1 the m_w * s_a terms
+/// summed apart and added after the horizontal sum. The tile runs two of those dots in one
+/// 512-bit register, activation row t0 in the low half and t1 in the high half (the weight
+/// block in both), so every lane does exactly the single dot's arithmetic, with `vpdpbusd`
+/// for the integer sums (each i32 lane = the same four products as `vpmaddubsw` +
+/// `vpmaddwd`, exact either way). `levels(bw)` unpacks a weight block into both halves;
+/// `act_start(aq)` is the i32 value the lane sums start from (Q5_0: -16 * the activations'
+/// sums, its level offset). `MIN`: Q8_1 activations and a weight min at bw + 2.
+#[inline(always)]
+unsafe fn act_pairs_tile<const R: usize, const T: usize, const MIN: bool>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+    w_bytes: usize,
+    levels: impl Fn(*const u8) -> __m512i,
+    act_start: impl Fn(__m512i) -> __m512i,
+) -> [[f32; T]; R] {
+    let (a_bytes, a_quants) = if MIN { (Q8_1_BYTES, 4) } else { (Q8_0_BYTES, 2) };
+    let pairs = T.div_ceil(2);
+    let pair = |p: usize| (2 * p, (2 * p + 1).min(T - 1));
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut summs = [[_mm_setzero_ps(); T]; R];
+    for i in 0..nb {
+        let mut aq = [_mm512_setzero_si512(); T];
+        let mut start = [_mm512_setzero_si512(); T];
+        let mut s_a = [_mm_setzero_ps(); T];
+        for p in 0..pairs {
+            let (t0, t1) = pair(p);
+            let (a0, a1) = (a[t0].add(i * a_bytes), a[t1].add(i * a_bytes));
+            aq[p] = load_2x32(a0.add(a_quants), a1.add(a_quants));
+            start[p] = act_start(aq[p]);
+            // Q8_1: [d0, s0, d1, s1]; Q8_0: [d0, d1, 0, 0].
+            let h = if MIN { rd32(a0) | rd32(a1) << 32 } else { rd16(a0) | rd16(a1) << 16 };
+            s_a[p] = _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64));
+        }
+        for r in 0..R {
+            let bw = w[r].add(i * w_bytes);
+            let q = levels(bw);
+            // Q8_1: [d, m, d, m] (against [d0, s0, d1, s1]); Q8_0: d in every lane.
+            let s_w =
+                if MIN { _mm_cvtph_ps(_mm_cvtsi64_si128((rd32(bw) * 0x1_0000_0001) as i64)) } else { _mm_set1_ps(f16c(rd16(bw) as u16)) };
+            for p in 0..pairs {
+                let dot = _mm512_dpbusd_epi32(start[p], q, aq[p]);
+                let prod = _mm_mul_ps(s_w, s_a[p]);
+                let s = if MIN { spread_pair::<0, 2>(prod) } else { spread_pair::<0, 1>(prod) };
+                acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][p]);
+                if MIN {
+                    summs[r][p] = _mm_add_ps(summs[r][p], prod); // lanes 1 and 3: m * s of t0, t1
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
+        for p in 0..pairs {
+            let (t0, t1) = pair(p);
+            let (lo, hi) = halves(acc[r][p]);
+            let (mut v0, mut v1) = (hsum256(lo), hsum256(hi));
+            // Only with mins: adding 0.0 would turn a -0.0 sum into +0.0.
+            if MIN {
+                let mut m = [0f32; 4];
+                _mm_storeu_ps(m.as_mut_ptr(), summs[r][p]);
+                (v0, v1) = (v0 + m[1], v1 + m[3]);
+            }
+            out[r][t1] = v1;
+            out[r][t0] = v0;
+        }
+    }
+    out
+}
+
+/// Q5_0 x Q8_0 tile (the 256-bit `dot_q5_0`: sum((q - 16) * a)).
+///
+/// # Safety
+/// avx512f/bw/vl/vnni, avx2, fma, f16c; every row holds `nb` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q5_0_tile<const R: usize, const T: usize>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+) -> [[f32; T]; R] {
+    let (zero, sixteen) = (_mm512_setzero_si512(), _mm512_set1_epi8(16));
+    let levels = |bw: *const u8| with_fifth_bits(nibbles_16_twice(bw.add(6)), bw.add(2));
+    let act_start = |aq: __m512i| _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, sixteen, aq));
+    act_pairs_tile::<R, T, false>(w, a, nb, Q5_0_BYTES, levels, act_start)
+}
+
+/// Q4_1 x Q8_1 tile (`dot_q4_1`).
+///
+/// # Safety
+/// As `dot_q5_0_tile`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q4_1_tile<const R: usize, const T: usize>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+) -> [[f32; T]; R] {
+    let levels = |bw: *const u8| nibbles_16_twice(bw.add(4));
+    act_pairs_tile::<R, T, true>(w, a, nb, Q4_1_BYTES, levels, |_| _mm512_setzero_si512())
+}
+
+/// Q5_1 x Q8_1 tile (the 256-bit `dot_q5_1`).
+///
+/// # Safety
+/// As `dot_q5_0_tile`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q5_1_tile<const R: usize, const T: usize>(
+    w: [*const u8; R],
+    a: [*const u8; T],
+    nb: usize,
+) -> [[f32; T]; R] {
+    let levels = |bw: *const u8| with_fifth_bits(nibbles_16_twice(bw.add(8)), bw.add(4));
+    act_pairs_tile::<R, T, true>(w, a, nb, Q5_1_BYTES, levels, |_| _mm512_setzero_si512())
+}
+
+/// `dot_q4_1_tile::<1, 4>` with the activation scales given as f32, block-major (d[i *
+/// stride + t], s likewise, t = 0..3), as the AVX2 `dot_q4_1_x4_scaled`: the same products
+/// (d_w * d_a per block, m_w * s_a summed in one vector), bit for bit.
+///
+/// # Safety
+/// As `dot_q5_0_tile`; d and s hold `(nb - 1) * stride + 4` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q4_1_x4_scaled(
+    w: *const u8,
+    a: [*const u8; 4],
+    d: *const f32,
+    s: *const f32,
+    stride: usize,
+    nb: usize,
+) -> [f32; 4] {
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut summs = _mm_setzero_ps();
+    for i in 0..nb {
+        let bw = w.add(i * Q4_1_BYTES);
+        let q = nibbles_16_twice(bw.add(4));
+        let dm_w = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(bw) as i32)); // [d, m, 0, 0]
+        summs = _mm_add_ps(summs, _mm_mul_ps(_mm_permute_ps::<0b01_01_01_01>(dm_w), _mm_loadu_ps(s.add(i * stride))));
+        let sc = _mm_mul_ps(_mm_permute_ps::<0>(dm_w), _mm_loadu_ps(d.add(i * stride))); // d_w * d_a[t]
+        let act = |t: usize| a[t].add(i * Q8_1_BYTES + 4);
+        let dot01 = _mm512_dpbusd_epi32(zero, q, load_2x32(act(0), act(1)));
+        let dot23 = _mm512_dpbusd_epi32(zero, q, load_2x32(act(2), act(3)));
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot01), spread_pair::<0, 1>(sc), acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot23), spread_pair::<2, 3>(sc), acc[1]);
+    }
+    let mut m = [0f32; 4];
+    _mm_storeu_ps(m.as_mut_ptr(), summs);
+    let ((l0, h0), (l1, h1)) = (halves(acc[0]), halves(acc[1]));
+    [hsum256(l0) + m[0], hsum256(h0) + m[1], hsum256(l1) + m[2], hsum256(h1) + m[3]]
+}

@@ -1,0 +1,143 @@
+//! The AVX-512 form of the CPU attention's fused GQA-group kernel (`f16::attend_group`), bit
+//! for bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
+//! AVX2 kernel keeps in two 8-lane ones (dot_f16's four 16-lane accumulators are exactly
+//! ggml's AVX-512 layout), and every per-element operation is the same (F16C rounding of q
+//! and of the accumulator, FMA, the same lane reduction). Why: half the instructions per
+//! score and per accumulator update, and 32 registers, so Gemma 3's head size 256 keeps its
+//! whole accumulator (16 registers) in registers across a block of rows.
+#![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
+
+use super::f16::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
+use std::arch::x86_64::*;
+
+/// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).
+///
+/// # Safety
+/// avx512f/bw/vl, avx2, fma, f16c; q and out hold whole heads; k and v hold every attended
+/// row's `16 * HD16` elements at `kv_rows.offset(j)`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn attend_group<const HD16: usize>(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    kv_rows: KvRows<'_>,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut GroupScratch,
+) {
+    let hd = 16 * HD16;
+    let rows = kv_rows.count;
+    let heads = q.len() / hd;
+    let GroupScratch { q: qr, k: kf, v: vf, acc, m, sum } = scratch;
+    for buf in [&mut *qr, &mut *acc] {
+        buf.clear();
+        buf.resize(q.len(), 0.0);
+    }
+    for buf in [&mut *kf, &mut *vf] {
+        buf.resize(GROUP_BLOCK * hd, 0.0);
+    }
+    m.clear();
+    m.resize(heads, f32::NEG_INFINITY);
+    sum.clear();
+    sum.resize(heads, 0.0);
+    for i in (0..q.len()).step_by(16) {
+        _mm512_storeu_ps(qr.as_mut_ptr().add(i), round(_mm512_loadu_ps(q.as_ptr().add(i))));
+    }
+    let block = group_block_rows(hd);
+    for j0 in (0..rows).step_by(block) {
+        let n = block.min(rows - j0);
+        for j in 0..n {
+            let at = kv_rows.offset(j0 + j);
+            let (kp, vp) = (k.as_ptr().add(at), v.as_ptr().add(at));
+            for c in 0..HD16 {
+                _mm512_storeu_ps(kf.as_mut_ptr().add(j * hd + 16 * c), load_h(kp.add(16 * c)));
+                _mm512_storeu_ps(vf.as_mut_ptr().add(j * hd + 16 * c), load_h(vp.add(16 * c)));
+            }
+        }
+        for h in 0..heads {
+            let (qh, acc_h) = (qr.as_ptr().add(h * hd), acc.as_mut_ptr().add(h * hd));
+            attend_block::<HD16>(qh, kf.as_ptr(), vf.as_ptr(), n, scale, &mut m[h], &mut sum[h], acc_h);
+        }
+    }
+    for (h, &total) in sum.iter().enumerate() {
+        let inv = _mm512_set1_ps(if total == 0.0 { 0.0 } else { 1.0 / total });
+        for c in 0..HD16 {
+            let i = h * hd + 16 * c;
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(_mm512_loadu_ps(acc.as_ptr().add(i)), inv));
+        }
+    }
+}
+
+/// The AVX2 `attend_block` with 16-lane registers: all scores of the block, the scalar
+/// softmax steps, then the accumulator updates with the accumulator in registers.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_block<const HD16: usize>(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    n: usize,
+    scale: f32,
+    m: &mut f32,
+    sum: &mut f32,
+    acc: *mut f32,
+) {
+    debug_assert!(n <= GROUP_BLOCK);
+    let hd = 16 * HD16;
+    let qv: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(q.add(16 * c)));
+    let mut scores = [0f32; GROUP_BLOCK];
+    for (j, sc) in scores.iter_mut().enumerate().take(n) {
+        let kp = k.add(j * hd);
+        // dot_f16's order: per 64 elements, acc[i] is the i-th 16-lane accumulator.
+        let mut a = [_mm512_setzero_ps(); 4];
+        for c in 0..HD16 / 4 {
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(64 * c + 16 * i)), qv[4 * c + i], *a);
+            }
+        }
+        *sc = reduce_lanes(a) * scale;
+    }
+    let st = softmax_steps(&scores[..n], m, sum);
+    let mut av: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(acc.add(16 * c)));
+    for j in 0..n {
+        if st.rescale[j] {
+            let msv = _mm512_set1_ps(st.ms[j]);
+            for a in av.iter_mut() {
+                *a = round(_mm512_mul_ps(*a, msv));
+            }
+        }
+        let vp = v.add(j * hd);
+        let vsv = _mm512_set1_ps(st.vs[j]);
+        for (c, a) in av.iter_mut().enumerate() {
+            *a = round(_mm512_fmadd_ps(_mm512_loadu_ps(vp.add(16 * c)), vsv, *a));
+        }
+    }
+    for (c, a) in av.iter().enumerate() {
+        _mm512_storeu_ps(acc.add(16 * c), *a);
+    }
+}
+
+#[inline(always)]
+unsafe fn load_h(p: *const u16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// To f16 and back, round to nearest even (the f16 accumulator and q of ggml).
+#[inline(always)]
+unsafe fn round(v: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+}
+
+/// The AVX2 kernel's `reduce_lanes`: acc0 + acc2, acc1 + acc3, their sum, then lanes 0..7
+/// plus lanes 8..15, then the same halving tree over 8 lanes.
+#[inline(always)]
+unsafe fn reduce_lanes(a: [__m512; 4]) -> f32 {
+    let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
+    let v = _mm256_add_ps(_mm512_castps512_ps256(s), hi);
+    let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
