@@ -86,10 +86,12 @@ impl<A: GpuApi> GpuBackend<A> {
         );
     }
 
-    /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list.
+    /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list. Dense
+    /// models (the rows whose logits a batch returns) keep the copies while the MoE path is off,
+    /// so nothing unverified runs by default.
     pub(super) fn gather_rows_dev(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> anyhow::Result<()> {
         let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
-        if rows.len() <= COPY_MAX_ROWS {
+        if rows.len() <= COPY_MAX_ROWS || !self.moe {
             for (i, &r) in rows.iter().enumerate() {
                 self.copy_op(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4)?;
             }
