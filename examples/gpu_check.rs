@@ -11,7 +11,13 @@
 //! gemma3 models get Gemma 3 270M's attention shape (4 query heads, 1 KV head, head size
 //! 256) and synth's sliding window of 8, so the prompt crosses the window on local layers.
 //!
-//! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3]
+//! qwen3moe and qwen2moe (mixture of experts, synth's small preset: 8 experts, top-2, expert
+//! width 512; qwen2moe with its shared expert) run the same checks: the 160-token prompt puts
+//! about 40 rows on each expert (the GEMMs), decode one row per expert (the mat-vecs), and the
+//! batched decode of three sequences 1-3 rows per expert. Routing runs on the host from the
+//! GPU's router logits, so a near tie in the top-k could pick another expert than the CPU.
+//!
+//! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
@@ -107,9 +113,14 @@ fn batch_vs_solo(model: &Model, prompt: &[u32]) -> anyhow::Result<f64> {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let backend = arg(&args, "--backend", "cuda");
-    let opts =
-        GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), matvec: arg(&args, "--gpu-matvec", ""), ..Default::default() };
-    let archs = arg(&args, "--archs", "llama,qwen2,qwen3,gemma3");
+    let opts = GpuOptions {
+        kernel_dir: arg(&args, "--kernel-dir", "").into(),
+        matvec: arg(&args, "--gpu-matvec", ""),
+        // gpu_check is where the MoE path gets verified (engine.gpu.moe is off by default).
+        moe: true,
+        ..Default::default()
+    };
+    let archs = arg(&args, "--archs", "llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe");
     let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k");
     let size = arg(&args, "--size", "small");
     let dir = tempfile::tempdir()?;

@@ -145,6 +145,17 @@ CV_DEVICE float cv_rcp(float x) {
   return __nvvm_rcp_approx_ftz_f(x);
 #endif
 }
+// a * b rounded to f32 and never fused with a following add into an FMA (where a result has to
+// match the CPU's separate multiply and add: the MoE weighted sum). CUDA's clang ignores
+// `#pragma clang fp contract`, so NVIDIA gets the round-to-nearest multiply intrinsic.
+CV_DEVICE float cv_mul_nofma(float a, float b) {
+#if CV_AMD
+#pragma clang fp contract(off)
+  return a * b;
+#else
+  return __nvvm_mul_rn_f(a, b);
+#endif
+}
 // sin and cos of an angle in radians, with the range reduction done here.
 CV_DEVICE void cv_sincos(float theta, float* s, float* c) {
   float rev = theta * 0.15915494309189535f;

@@ -375,6 +375,9 @@ pub struct BackendArgs {
     /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
     #[arg(long)]
     pub gpu_matvec: Option<String>,
+    /// GPU: run qwen3moe / qwen2moe models (not yet verified on a device; docs/GPU.md).
+    #[arg(long)]
+    pub gpu_moe: bool,
 }
 
 impl BackendArgs {
@@ -386,6 +389,7 @@ impl BackendArgs {
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
+            moe: self.gpu_moe,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod image_choice;
+mod moe;
 mod repack;
 
 use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
@@ -63,6 +64,10 @@ pub struct GpuOptions {
     /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
     /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
     pub matvec: String,
+    /// Run mixture-of-experts models (qwen3moe, qwen2moe) on the GPU (`moe.rs`). Off by
+    /// default: the path has not been checked against the CPU backend on a device yet
+    /// (docs/GPU.md), and without it such models are refused at load.
+    pub moe: bool,
 }
 
 /// Which decode mat-vec kernels run (`GpuOptions::matvec`).
@@ -222,6 +227,10 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g128_x4", 128),
         ],
     ),
+    (
+        "moe",
+        &[("moe_router_f32", 256), ("moe_gather_rows", 256), ("moe_scatter_rows", 256), ("moe_weighted_sum", 256), ("moe_scale_rows", 256)],
+    ),
     ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 256)]),
     ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
     ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
@@ -300,6 +309,8 @@ enum WeightData {
         f16: DevBuf,
     },
     F16(DevBuf),
+    /// A 3-D expert tensor: nothing on the device; `weight_rows` prepares each expert (moe.rs).
+    Unsliced,
 }
 
 struct GpuWeight {
@@ -390,6 +401,8 @@ pub struct GpuBackend<A: GpuApi> {
     use_graphs: bool,
     /// Decode mat-vec kernels (`GpuOptions::matvec`).
     matvec_family: MatvecFamily,
+    /// Mixture-of-experts models are accepted (`GpuOptions::moe`).
+    moe: bool,
     /// Set by `rmsnorm` (decode, dp4a), taken by the next mat-vec, dropped by any other launch.
     fresh_q8: Mutex<Option<FreshQ8>>,
     tape: Mutex<Tape>,
@@ -501,6 +514,7 @@ impl<A: GpuApi> GpuBackend<A> {
             positions: Mutex::new(None),
             use_graphs: !opts.eager,
             matvec_family,
+            moe: opts.moe,
             fresh_q8: Mutex::new(None),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
@@ -865,7 +879,9 @@ impl<A: GpuApi> GpuBackend<A> {
                     Args::default().ptr(xh.mem.ptr).ptr(f16.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
                 );
             }
+            WeightData::Vector(wv) if moe::is_router(&w.name) => self.router_matmul(w, wv, x, rows, out),
             WeightData::Vector(_) => bail!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name),
+            WeightData::Unsliced => bail!("tensor \"{}\" is a 3-D expert tensor, multiplied one expert at a time", w.name),
         }
         Ok(())
     }
@@ -956,9 +972,17 @@ impl<A: GpuApi> GpuBackend<A> {
 
     fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
         let info = &file.tensors[index];
-        let t = info.ggml_type;
-        let bytes = file.tensor_data(info);
-        if info.dims.len() == 1 || rows == 1 {
+        if info.dims.len() == 3 {
+            return Ok(WeightData::Unsliced);
+        }
+        let f32_whole = info.dims.len() == 1 || moe::is_router(&info.name);
+        self.prepare_rows(&info.name, info.ggml_type, file.tensor_data(info), rows, cols, f32_whole)
+    }
+
+    /// `rows` x `cols` of type `t` in the device layouts above; `f32_whole`: dequantised to f32
+    /// (1-D tensors, routers), as is any single row.
+    fn prepare_rows(&self, name: &str, t: GgmlType, bytes: &[u8], rows: usize, cols: usize, f32_whole: bool) -> anyhow::Result<WeightData> {
+        if f32_whole || rows == 1 {
             let mut v = vec![0f32; rows * cols];
             quant::dequantize_row(t, bytes, &mut v)?;
             return self.upload_new(bytemuck_f32(&v)).map(WeightData::Vector);
@@ -977,7 +1001,7 @@ impl<A: GpuApi> GpuBackend<A> {
             Ok(out)
         };
         if !cols.is_multiple_of(32) {
-            bail!("tensor \"{}\": {cols} columns, the GPU kernels need a multiple of 32", info.name);
+            bail!("tensor \"{name}\": {cols} columns, the GPU kernels need a multiple of 32");
         }
         Ok(match t {
             GgmlType::Q8_0 => {
@@ -999,7 +1023,7 @@ impl<A: GpuApi> GpuBackend<A> {
             GgmlType::Q5_1 => WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? },
             GgmlType::Q4_K | GgmlType::Q6_K => {
                 if !cols.is_multiple_of(256) {
-                    bail!("tensor \"{}\": {cols} columns is not a multiple of 256", info.name);
+                    bail!("tensor \"{name}\": {cols} columns is not a multiple of 256");
                 }
                 WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
             }
@@ -1073,12 +1097,8 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
-        if hp.moe.is_some() {
-            bail!(
-                "{} backend: {} is a mixture-of-experts model, which only the CPU backend runs so far",
-                self.api.backend_name(),
-                hp.arch.name()
-            );
+        if let Some(why) = moe::refusal(hp, self.moe) {
+            bail!("{} backend: {why}", self.api.backend_name());
         }
         if let Some(s) = &hp.rope_scaling {
             bail!(
@@ -1421,11 +1441,31 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
-        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
-        for (i, &r) in rows.iter().enumerate() {
-            if let Err(e) = self.copy_op(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4) {
-                return self.fail(e);
-            }
+        if let Err(e) = self.gather_rows_dev(src, rows, dim, dst) {
+            self.fail(e);
+        }
+    }
+
+    // Mixture of experts (moe.rs).
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+        self.weight_rows_prepared(w, first_row, n_rows, name)
+    }
+
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+        if let Err(e) = self.scatter_rows_dev(src, rows, dim, dst) {
+            self.fail(e);
+        }
+    }
+
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+        if let Err(e) = self.weighted_sum_rows_dev(src, weights, n, k, dim, out) {
+            self.fail(e);
+        }
+    }
+
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+        if let Err(e) = self.scale_rows_dev(x, scales, dim) {
+            self.fail(e);
         }
     }
 
