@@ -206,6 +206,27 @@ pub trait Backend: Send + Sync {
     );
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    /// Batched decode (issue #17): `kv_store` and `attention` for several sequences of one
+    /// new row each, in one go. Row i of q, k, v and out is sequence i's (rows 0..caches.len(),
+    /// in order); its caches are `caches[i]` (contiguous, one per sequence) and its row's
+    /// position `start_pos[i]`; `shape` gives the heads (its n_tokens, start_pos, first_row
+    /// and window are not used: no window). The same numbers as the per-sequence calls.
+    /// Returns false, having done nothing, where the backend has no batched kernels; the
+    /// caller then makes the per-sequence calls.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_attention_batch(
+        &self,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        caches: &mut [(&mut Buffer, &mut Buffer)],
+        start_pos: &[usize],
+        shape: AttentionShape,
+        out: &mut Buffer,
+    ) -> bool {
+        let _ = (q, k, v, caches, start_pos, shape, out);
+        false
+    }
     /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
     /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
     /// cache per sequence from the engine.
@@ -386,6 +407,8 @@ impl BackendArgs {
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
+            batched_attention: false,
+            matvec_max_rows: 0,
         }
     }
 }
