@@ -404,11 +404,11 @@ impl BackendArgs {
             device: self.gpu_device,
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
+            batched_attention: false,
+            matvec_max_rows: 0,
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
-            batched_attention: false,
-            matvec_max_rows: 0,
         }
     }
 }

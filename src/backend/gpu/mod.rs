@@ -53,6 +53,14 @@ pub struct GpuOptions {
     pub kernel_dir: PathBuf,
     /// Load the `.sb` (sched_barrier) build of the GEMM kernels where the folder has one.
     pub sched_barrier: bool,
+    /// Decode batches (one row per sequence) run the KV store and the attention of all
+    /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
+    /// sequence. Off by default until it has run on a GPU (issue #17: parity not yet checked).
+    pub batched_attention: bool,
+    /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
+    /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (4, what
+    /// has run on a GPU), at most `DP4A_MAX_ROWS` (32).
+    pub matvec_max_rows: usize,
     /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
     /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
     pub weights: String,
@@ -64,14 +72,6 @@ pub struct GpuOptions {
     /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
     /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
     pub matvec: String,
-    /// Decode batches (one row per sequence) run the KV store and the attention of all
-    /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
-    /// sequence. Off by default until it has run on a GPU (issue #17: parity not yet checked).
-    pub batched_attention: bool,
-    /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
-    /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (4, what
-    /// has run on a GPU), at most `DP4A_MAX_ROWS` (32).
-    pub matvec_max_rows: usize,
 }
 
 /// Which decode mat-vec kernels run (`GpuOptions::matvec`).
