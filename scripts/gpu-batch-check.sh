@@ -11,7 +11,8 @@
 #   3. matvec_bench rows 1..32 (dp4a builds vs the GEMM path, CPU reference per matrix);
 #   4. serving: aggregate tokens/s at concurrency 1..16 from a separate client process, before
 #      and after (engine.gpu.matvec_max_rows / engine.gpu.batched_attention by environment);
-#   5. civetta bench pp512/pp2048/tg128 and, when .gpu/llama/wait.sh is there (the lead's
+#   5. civetta bench pp512/pp2048/tg128 (also with --gpu-gemm-tile 64x64: the prefill tile's
+#      occupancy), and, when .gpu/llama/wait.sh is there (the lead's
 #      llama.cpp CUDA build, FA kernels compiled), llama-bench -fa 0,1 on the same files;
 #   6. summary.json as scripts/gpu-check.sh writes it, plus the serving ratios.
 # Needs the folder of `scripts/gpu-check.sh prepare` (civetta, gpu_check, matvec_bench,
@@ -89,7 +90,11 @@ serve after CIVETTA_ENGINE__GPU__MATVEC_MAX_ROWS=32 CIVETTA_ENGINE__GPU__BATCHED
 stamp "serving q8_0: before (defaults)"
 serve before
 BA=(bench --backend cuda --kernel-dir $K -p 512,2048 -n 128 -r 3 --prefill-batch 2048 --hash-tokens 16 -q -o json --kernel-timing off)
-for m in q8_0 q4_k; do stamp "civetta bench $m"; timeout 60 $B/civetta "${BA[@]}" -m /tmp/gpu-batch/m-$m.gguf > "$O/civetta-$m.json" 2>> "$O/bench.err"; done
+for m in q8_0 q4_k; do
+  stamp "civetta bench $m; then with every GEMM on the 64x64 tile (prefill occupancy: 192 vs 48 workgroups at pp512)"
+  timeout 60 $B/civetta "${BA[@]}" -m /tmp/gpu-batch/m-$m.gguf > "$O/civetta-$m.json" 2>> "$O/bench.err"
+  timeout 60 $B/civetta "${BA[@]}" -m /tmp/gpu-batch/m-$m.gguf --gpu-gemm-tile 64x64 > "$O/civetta-$m-t64.json" 2>> "$O/bench.err"
+done
 if [[ -f .gpu/llama/wait.sh && $(left) -gt 60 ]]; then
   stamp "waiting for llama.cpp"; timeout $(( $(left) - 50 )) bash .gpu/llama/wait.sh > "$O/llama-wait.log" 2>&1
   LB=/tmp/llama.cpp/build/bin/llama-bench
@@ -137,6 +142,10 @@ for m in ("q8_0", "q4_k"):
                       "llama_cpp": round(l0, 1) if l0 else None, "ratio": round(t["mean_tps"] / l0, 3) if l0 else None,
                       "llama_cpp_fa": round(l1, 1) if l1 else None, "ratio_fa": round(t["mean_tps"] / l1, 3) if l1 else None})
         print(tests[-1])
+for m in ("q8_0", "q4_k"):
+    a, b = load(f"civetta-{m}.json"), load(f"civetta-{m}-t64.json")
+    if a and b:
+        print(m, "GEMM tile auto vs 64x64:", ", ".join(f"{x['name']} {x['mean_tps']:.0f} / {y['mean_tps']:.0f}" for x, y in zip(a["tests"], b["tests"])))
 tg = [t for t in tests if t["model"] == "q8_0" and t["test"] == "tg128"]
 roof = round(tg[0]["civetta"] / (copy * 1e9 / os.path.getsize(m8)), 3) if tg and copy and os.path.exists(m8) else None
 json.dump({"tests": tests, "roofline_fraction": roof, "copy_bandwidth_gbs": copy, "serving_q8_0": serving},

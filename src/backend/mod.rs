@@ -393,6 +393,9 @@ pub struct BackendArgs {
     /// GPU: queue every launch on its own instead of replaying captured decode graphs.
     #[arg(long)]
     pub gpu_eager: bool,
+    /// GPU prefill GEMM tile: auto (default), 64x64 or 128x128 (for measuring the tile choice).
+    #[arg(long)]
+    pub gpu_gemm_tile: Option<String>,
     /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
     #[arg(long)]
     pub gpu_matvec: Option<String>,
@@ -406,6 +409,7 @@ impl BackendArgs {
             sched_barrier: self.sched_barrier,
             batched_attention: false,
             matvec_max_rows: 0,
+            gemm_tile: self.gpu_gemm_tile.clone().unwrap_or_default(),
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),

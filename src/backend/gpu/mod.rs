@@ -61,6 +61,10 @@ pub struct GpuOptions {
     /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (4, what
     /// has run on a GPU), at most `DP4A_MAX_ROWS` (32).
     pub matvec_max_rows: usize,
+    /// GEMM tile of prefill matmuls: "" (auto: 128x128 from 128 rows and 128 output columns,
+    /// else 64x64), "64x64" or "128x128" for every GEMM. For measuring the tile choice
+    /// (issue #17: at pp512 on a 1536-wide model 128x128 gives 48 workgroups for 132 SMs).
+    pub gemm_tile: String,
     /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
     /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
     pub weights: String,
@@ -72,6 +76,34 @@ pub struct GpuOptions {
     /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
     /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
     pub matvec: String,
+}
+
+/// The GEMM tile of prefill matmuls (`GpuOptions::gemm_tile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemmTile {
+    /// 128x128 from 128 rows and 128 output columns, else 64x64.
+    Auto,
+    T64,
+    T128,
+}
+
+impl GemmTile {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "" | "auto" => Self::Auto,
+            "64x64" => Self::T64,
+            "128x128" => Self::T128,
+            other => bail!("engine.gpu.gemm_tile = \"{other}\": expected auto, 64x64 or 128x128"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::T64 => "64x64",
+            Self::T128 => "128x128",
+        }
+    }
 }
 
 /// Which decode mat-vec kernels run (`GpuOptions::matvec`).
@@ -456,6 +488,8 @@ pub struct GpuBackend<A: GpuApi> {
     batched_attention: bool,
     /// Most rows of a dp4a mat-vec (`GpuOptions::matvec_max_rows`, 1..=DP4A_MAX_ROWS).
     dp4a_max_rows: usize,
+    /// `GpuOptions::gemm_tile`.
+    gemm_tile: GemmTile,
     /// Device tables of KV cache pointers for batched decode attention (`decode_batch.rs`).
     kv_tables: Mutex<decode_batch::KvTables>,
     tape: Mutex<Tape>,
@@ -513,6 +547,7 @@ impl<A: GpuApi> GpuBackend<A> {
             other => bail!("engine.gpu.weights = \"{other}\": expected \"device\" or \"host\""),
         };
         let matvec_family = MatvecFamily::parse(&opts.matvec)?;
+        let gemm_tile = GemmTile::parse(&opts.gemm_tile)?;
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
         let mut variant = "default";
@@ -569,6 +604,7 @@ impl<A: GpuApi> GpuBackend<A> {
             matvec_family,
             fresh_q8: Mutex::new(None),
             batched_attention: opts.batched_attention,
+            gemm_tile,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
@@ -904,7 +940,11 @@ impl<A: GpuApi> GpuBackend<A> {
             self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
             return Ok(());
         }
-        let big = rows >= 128 && n >= 128;
+        let big = match self.gemm_tile {
+            GemmTile::Auto => rows >= 128 && n >= 128,
+            GemmTile::T64 => false,
+            GemmTile::T128 => true,
+        };
         match &gw.data {
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
@@ -1545,6 +1585,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "matvec": self.matvec_family.name(),
             "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
             "matvec_max_rows": self.dp4a_max_rows,
+            "gemm_tile": self.gemm_tile.name(),
         })
     }
 }
@@ -1560,6 +1601,11 @@ mod tests {
         }
         assert_eq!(MatvecFamily::parse("").unwrap(), MatvecFamily::Dp4a { lanes: None });
         assert!(MatvecFamily::parse("dp4a-g8").is_err());
+        for name in ["auto", "64x64", "128x128"] {
+            assert_eq!(GemmTile::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(GemmTile::parse("").unwrap(), GemmTile::Auto);
+        assert!(GemmTile::parse("32x32").is_err());
     }
 
     #[test]
