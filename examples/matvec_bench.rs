@@ -4,7 +4,7 @@
 //! device-to-device copy, counted as read + write like torch's figure in docs/GPU.md).
 //!
 //! usage: matvec_bench -m MODEL.gguf [--backend cuda|hip] [--kernel-dir DIR] [--iters 200]
-//!                     [--rows 1,4,8,16] [--variants dp4a,wave,...]
+//!                     [--rows 1,4,8,16] [--variants dp4a,wave,...] [--matvec-max-rows 32]
 //! Prints a markdown table (docs/GPU.md, "Mat-vec bandwidth"). Rows > 1 are batched decode
 //! (one activation row per sequence); the table's GB/s counts the weights once per launch.
 //! Each `--variants` entry is a `GpuOptions::matvec` value (one backend each); every result is
@@ -37,7 +37,14 @@ fn main() -> anyhow::Result<()> {
     let rows_list: Vec<usize> = arg(&args, "--rows", "1").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
     let variants: Vec<String> = arg(&args, "--variants", "dp4a").split(',').map(String::from).collect();
     // Eager launches: each one gets its own event pair.
-    let opts = GpuOptions { kernel_dir: arg(&args, "--kernel-dir", "").into(), eager: true, ..Default::default() };
+    // --matvec-max-rows 32: batches of 5..32 rows on the 8- and 16-row dp4a builds instead of
+    // the GEMM tiles (`engine.gpu.matvec_max_rows`; the default keeps 4).
+    let opts = GpuOptions {
+        kernel_dir: arg(&args, "--kernel-dir", "").into(),
+        eager: true,
+        matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
+        ..Default::default()
+    };
     let be = civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: variants[0].clone(), ..opts.clone() })?;
     let file = Arc::new(GgufFile::open(std::path::Path::new(&model))?);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

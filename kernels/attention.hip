@@ -16,6 +16,9 @@
 //   host passes the cache from the window's first key on.
 // civetta_attn_decode_pos_d{64,128,256}: the same, S = pos[0] + 1 read from device memory (decode
 //   graphs; layers without a window).
+// civetta_attn_decode_batch_d{64,128,256}: batched decode (issue #17), one launch for T sequences
+//   of one row each: row t (q and out rows t) attends over its own cache kv[2t] (k), kv[2t + 1]
+//   (v) with S = pos[t] + 1. Grid: (Hq, T); block: 128 threads.
 #include "civetta_gpu.h"
 
 namespace {
@@ -190,6 +193,11 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv, \
       float scale) {                                                                                             \
     attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale);                                        \
+  }                                                                                                              \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_batch_d##D(                                      \
+      const float* q, const cv_half* const* kv, float* out, const int* pos, int Hq, int Hkv, float scale) {     \
+    const long t = cv_bid_y();                                                                                   \
+    attn_decode<D>(q + t * Hq * D, kv[2 * t], kv[2 * t + 1], out + t * Hq * D, pos[t] + 1, Hq, Hkv, scale);      \
   }
 
 CIVETTA_ATTN(64)

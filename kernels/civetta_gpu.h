@@ -99,6 +99,16 @@ CV_DEVICE float cv_wave_max(float v) {
   return v;
 }
 // Sum over groups of `width` adjacent lanes (width a power of two <= CV_WAVE).
+// Keeps a uniform int in a vector register on AMD (a no-op elsewhere). For offsets that would
+// otherwise be hoisted into scalar registers many at a time: the 16-row mat-vecs' per-row
+// activation addresses overflowed the SGPR budget (SGPR spills with clang-19 and clang-22).
+CV_DEVICE int cv_in_vgpr(int v) {
+#if CV_AMD
+  asm volatile("" : "+v"(v));
+#endif
+  return v;
+}
+
 CV_DEVICE float cv_group_sum(float v, unsigned width) {
   for (unsigned m = width / 2; m > 0; m >>= 1) v += cv_shfl_xor(v, m);
   return v;

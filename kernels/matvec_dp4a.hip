@@ -24,8 +24,11 @@
 //     bytes, 16-byte aligned): a unit is one 16-byte slice of qs (32 values: 16 low nibbles of
 //     sub-block 2j, 16 high nibbles of sub-block 2j+1) plus the block's 16-byte header.
 // Activations: xq int8 [B][K], xds f32 [B][K/32][2] = (d, s).
-// Grid: (ceil((N0 + N1 + N2) / (128 / G)), ceil(B / NB)); block: 128 threads. _x4: NB = 4.
-// Names: civetta_matvec_{q8p,q4k}_g{16,32,64,128}[_x4].
+// Grid: (ceil((N0 + N1 + N2) / (128 / G)), ceil(B / NB)); block: 128 threads. _x4, _x8, _x16:
+// NB = 4, 8, 16 activation rows per weight read (batched decode: one row per sequence; issue
+// #17). The weights are read once per NB rows; the NB rows of x (a few KB each) come from the
+// cache, so a 16-row launch moves about the bytes of a 1-row one.
+// Names: civetta_matvec_{q8p,q4k}_g{16,32,64,128}[_x4], civetta_matvec_{q8p,q4k}_g{32,64,128}_x{8,16}.
 #include "civetta_gpu.h"
 
 namespace {
@@ -151,6 +154,9 @@ CV_DEVICE void matvec(const Args& a) {
   float* y = pick(m, a.y0, a.y1, a.y2);
   const bool valid = W != nullptr;
   const int K = a.K, B = a.B, b0 = (int)cv_bid_y() * NB, units = K / Q::kValues;
+  // The activation row stride; for 16 rows a per-lane value on AMD, so that the rows'
+  // addresses are not all held in scalar registers (cv_in_vgpr).
+  const int x_stride = NB > 8 ? cv_in_vgpr(K) : K;
   float sum[NB];
   CV_UNROLL for (int r = 0; r < NB; ++r) sum[r] = 0.0f;
   if (valid) {
@@ -165,7 +171,7 @@ CV_DEVICE void matvec(const Args& a) {
         if (u >= units) break;
         CV_UNROLL for (int r = 0; r < NB; ++r) {
           if (NB > 1 && b0 + r >= B) break;
-          const long xb = (long)(b0 + r) * K;
+          const long xb = (long)(b0 + r) * x_stride;
           sum[r] += Q::dot(w[i], a.xq + xb, a.xds + xb / 16, u);
         }
       }
@@ -211,6 +217,10 @@ CV_DEVICE void matvec(const Args& a) {
 #define CIVETTA_MATVEC_DP4A(Q, T, G, U)                                                                              \
   CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G, G, U, 1)                                                   \
   CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x4, G, U, 4)
+// The batched-decode builds (5..16 rows per launch; more rows take more grid rows).
+#define CIVETTA_MATVEC_DP4A_BATCH(Q, T, G, U)                                                                        \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x8, G, U, 8)                                              \
+  CIVETTA_MATVEC_DP4A_ENTRY(Q, civetta_matvec_##T##_g##G##_x16, G, U, 16)
 
 CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 16, 8)
 CIVETTA_MATVEC_DP4A(Q8Planes, q8p, 32, 4)
@@ -220,3 +230,9 @@ CIVETTA_MATVEC_DP4A(Q4K, q4k, 16, 8)
 CIVETTA_MATVEC_DP4A(Q4K, q4k, 32, 4)
 CIVETTA_MATVEC_DP4A(Q4K, q4k, 64, 4)
 CIVETTA_MATVEC_DP4A(Q4K, q4k, 128, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q8Planes, q8p, 32, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q8Planes, q8p, 64, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q8Planes, q8p, 128, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q4K, q4k, 32, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q4K, q4k, 64, 4)
+CIVETTA_MATVEC_DP4A_BATCH(Q4K, q4k, 128, 4)

@@ -4,7 +4,7 @@
 #
 # Runs on an NVIDIA machine without network or Rust: everything it needs comes prepared in
 # a folder (default .gpu/) made on the build machine by `scripts/gpu-check.sh prepare`:
-#   civetta, gpu_check, stream_client, matvec_bench   release builds with --features cuda, stripped
+#   civetta, gpu_check, stream_client, matvec_bench, batch_decode_bench   release builds with --features cuda, stripped
 #   kernels/sm_90/*.ptx                  `make kernels-ptx` (clang-22 -x cuda)
 #   llama.cpp-src.tar.xz                 llama.cpp from the llama-cpp-python 0.3.36 sdist
 #
@@ -19,12 +19,12 @@ OUT=${OUT:-build/gpu-check}
 BENCH_MODEL_ARGS=${BENCH_ARGS:---arch llama --quant q8_0 --size 1b --layers 28 --dim 1536 --ffn 8960 --heads 12 --kv-heads 2 --context 8192}
 
 if [[ "${1:-}" == prepare ]]; then
-  cargo build --release --features cuda --bin civetta --example gpu_check --example stream_client --example matvec_bench
+  cargo build --release --features cuda --bin civetta --example gpu_check --example stream_client --example matvec_bench --example batch_decode_bench
   make kernels-ptx CLANG="${CLANG:-clang-22}" CUDA_ARCH=sm_90
   rm -rf "$GPU_DIR/kernels" && mkdir -p "$GPU_DIR/kernels"
   ptx_dir=$(ls -d build/kernels/clang-*/sm_90 | sort -V | tail -1)
   cp -r "$ptx_dir" "$GPU_DIR/kernels/sm_90"
-  for b in civetta examples/gpu_check examples/stream_client examples/matvec_bench; do strip -o "$GPU_DIR/$(basename $b)" "target/release/$b"; done
+  for b in civetta examples/gpu_check examples/stream_client examples/matvec_bench examples/batch_decode_bench; do strip -o "$GPU_DIR/$(basename $b)" "target/release/$b"; done
   src=build/llama.cpp/src
   [[ -d $src ]] || scripts/llama-cpp-reference.sh build
   tmp=$(mktemp -d)

@@ -206,6 +206,27 @@ pub trait Backend: Send + Sync {
     );
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
     fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    /// Batched decode (issue #17): `kv_store` and `attention` for several sequences of one
+    /// new row each, in one go. Row i of q, k, v and out is sequence i's (rows 0..caches.len(),
+    /// in order); its caches are `caches[i]` (contiguous, one per sequence) and its row's
+    /// position `start_pos[i]`; `shape` gives the heads (its n_tokens, start_pos, first_row
+    /// and window are not used: no window). The same numbers as the per-sequence calls.
+    /// Returns false, having done nothing, where the backend has no batched kernels; the
+    /// caller then makes the per-sequence calls.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_attention_batch(
+        &self,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        caches: &mut [(&mut Buffer, &mut Buffer)],
+        start_pos: &[usize],
+        shape: AttentionShape,
+        out: &mut Buffer,
+    ) -> bool {
+        let _ = (q, k, v, caches, start_pos, shape, out);
+        false
+    }
     /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
     /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
     /// cache per sequence from the engine.
@@ -372,6 +393,9 @@ pub struct BackendArgs {
     /// GPU: queue every launch on its own instead of replaying captured decode graphs.
     #[arg(long)]
     pub gpu_eager: bool,
+    /// GPU prefill GEMM tile: auto (default), 64x64 or 128x128 (for measuring the tile choice).
+    #[arg(long)]
+    pub gpu_gemm_tile: Option<String>,
     /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
     #[arg(long)]
     pub gpu_matvec: Option<String>,
@@ -386,6 +410,9 @@ impl BackendArgs {
             device: self.gpu_device,
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
+            batched_attention: false,
+            matvec_max_rows: 0,
+            gemm_tile: self.gpu_gemm_tile.clone().unwrap_or_default(),
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),

@@ -492,8 +492,11 @@ impl Model {
                     be.rope_scaled(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
                 }
             }
+            // Batched decode (one row per sequence): one store and one attention for all, where
+            // the backend has them; else the ragged part below.
+            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, &q, &k, &v, &mut att);
             // Ragged part: each sequence stores its rows and attends over its own cache.
-            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables) {
+            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
                 let (start, len) = (s.cache.len, s.tokens.len());
                 let shape = AttentionShape {
                     n_tokens: len,
@@ -612,6 +615,36 @@ impl Model {
             rest = tail;
         }
         Ok(per_seq)
+    }
+}
+
+impl Model {
+    /// `Backend::decode_attention_batch` for layer `li` when every sequence brings one row and
+    /// keeps its own contiguous cache (the GPU backends' decode batches) and the layer has no
+    /// window; false (nothing done) otherwise or where the backend has no batched kernels.
+    fn decode_attention_batch(&self, seqs: &mut [SeqRows<'_>], li: usize, q: &Buffer, k: &Buffer, v: &Buffer, out: &mut Buffer) -> bool {
+        let hp = &self.hp;
+        if seqs.len() < 2 || hp.layer_window(li).is_some() || seqs.iter().any(|s| s.tokens.len() != 1) {
+            return false;
+        }
+        let start_pos: Vec<usize> = seqs.iter().map(|s| s.cache.len).collect();
+        let mut caches = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            match &mut s.cache.storage {
+                KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
+                KvStorage::Paged { .. } => return false,
+            }
+        }
+        let shape = AttentionShape {
+            n_tokens: 1,
+            start_pos: 0,
+            first_row: 0,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+            window: None,
+        };
+        self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)
     }
 }
 

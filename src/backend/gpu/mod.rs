@@ -20,6 +20,7 @@
 pub mod api;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod decode_batch;
 pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
@@ -53,6 +54,18 @@ pub struct GpuOptions {
     pub kernel_dir: PathBuf,
     /// Load the `.sb` (sched_barrier) build of the GEMM kernels where the folder has one.
     pub sched_barrier: bool,
+    /// Decode batches (one row per sequence) run the KV store and the attention of all
+    /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
+    /// sequence. Off by default until it has run on a GPU (issue #17: parity not yet checked).
+    pub batched_attention: bool,
+    /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
+    /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (4, what
+    /// has run on a GPU), at most `DP4A_MAX_ROWS` (32).
+    pub matvec_max_rows: usize,
+    /// GEMM tile of prefill matmuls: "" (auto: 128x128 from 128 rows and 128 output columns,
+    /// else 64x64), "64x64" or "128x128" for every GEMM. For measuring the tile choice
+    /// (issue #17: at pp512 on a 1536-wide model 128x128 gives 48 workgroups for 132 SMs).
+    pub gemm_tile: String,
     /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
     /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
     pub weights: String,
@@ -68,6 +81,34 @@ pub struct GpuOptions {
     /// default: the path has not been checked against the CPU backend on a device yet
     /// (docs/GPU.md), and without it such models are refused at load.
     pub moe: bool,
+}
+
+/// The GEMM tile of prefill matmuls (`GpuOptions::gemm_tile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemmTile {
+    /// 128x128 from 128 rows and 128 output columns, else 64x64.
+    Auto,
+    T64,
+    T128,
+}
+
+impl GemmTile {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "" | "auto" => Self::Auto,
+            "64x64" => Self::T64,
+            "128x128" => Self::T128,
+            other => bail!("engine.gpu.gemm_tile = \"{other}\": expected auto, 64x64 or 128x128"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::T64 => "64x64",
+            Self::T128 => "128x128",
+        }
+    }
 }
 
 /// Which decode mat-vec kernels run (`GpuOptions::matvec`).
@@ -146,31 +187,63 @@ fn matvec_lanes(units: usize) -> usize {
 /// kernels/matvec_dp4a.hip's kUnroll.
 const DP4A_UNROLL: usize = 4;
 
-/// The dp4a kernel for a layout, lanes per row and 1 or 2-4 activation rows.
-fn dp4a_kernel(kind: MatvecKind, lanes: usize, x4: bool) -> &'static str {
-    match (kind, lanes, x4) {
-        (MatvecKind::Q8Planes, 16, false) => "matvec_q8p_g16",
-        (MatvecKind::Q8Planes, 16, true) => "matvec_q8p_g16_x4",
-        (MatvecKind::Q8Planes, 32, false) => "matvec_q8p_g32",
-        (MatvecKind::Q8Planes, 64, false) => "matvec_q8p_g64",
-        (MatvecKind::Q8Planes, _, false) => "matvec_q8p_g128",
-        (MatvecKind::Q8Planes, 32, true) => "matvec_q8p_g32_x4",
-        (MatvecKind::Q8Planes, 64, true) => "matvec_q8p_g64_x4",
-        (MatvecKind::Q8Planes, _, true) => "matvec_q8p_g128_x4",
-        (_, 16, false) => "matvec_q4k_g16",
-        (_, 16, true) => "matvec_q4k_g16_x4",
-        (_, 32, false) => "matvec_q4k_g32",
-        (_, 64, false) => "matvec_q4k_g64",
-        (_, _, false) => "matvec_q4k_g128",
-        (_, 32, true) => "matvec_q4k_g32_x4",
-        (_, 64, true) => "matvec_q4k_g64_x4",
-        (_, _, true) => "matvec_q4k_g128_x4",
+/// Activation rows per launch of a dp4a build (`_x4`, `_x8`, `_x16`) for a mat-vec over
+/// `rows` rows; more than 16 rows take ceil(rows / 16) grid rows of the `_x16` build.
+fn dp4a_rows_per_launch(rows: usize) -> usize {
+    match rows {
+        0 | 1 => 1,
+        2..=4 => 4,
+        5..=8 => 8,
+        _ => 16,
     }
 }
 
-/// Decode batches up to this many rows use the mat-vec kernels; larger ones the GEMMs.
-/// One row runs `matvec_*`, 2-4 run `matvec_*_x4` (each weight row read once for 4 rows).
+/// The dp4a kernel for a layout, lanes per row and activation rows per launch (1, 4, 8, 16;
+/// `dp4a_rows_per_launch`). The 8- and 16-row builds exist for 32, 64 and 128 lanes only.
+fn dp4a_kernel(kind: MatvecKind, lanes: usize, per_launch: usize) -> &'static str {
+    const Q8P: [[&str; 4]; 4] = [
+        ["matvec_q8p_g16", "matvec_q8p_g16_x4", "matvec_q8p_g32_x8", "matvec_q8p_g32_x16"],
+        ["matvec_q8p_g32", "matvec_q8p_g32_x4", "matvec_q8p_g32_x8", "matvec_q8p_g32_x16"],
+        ["matvec_q8p_g64", "matvec_q8p_g64_x4", "matvec_q8p_g64_x8", "matvec_q8p_g64_x16"],
+        ["matvec_q8p_g128", "matvec_q8p_g128_x4", "matvec_q8p_g128_x8", "matvec_q8p_g128_x16"],
+    ];
+    const Q4K: [[&str; 4]; 4] = [
+        ["matvec_q4k_g16", "matvec_q4k_g16_x4", "matvec_q4k_g32_x8", "matvec_q4k_g32_x16"],
+        ["matvec_q4k_g32", "matvec_q4k_g32_x4", "matvec_q4k_g32_x8", "matvec_q4k_g32_x16"],
+        ["matvec_q4k_g64", "matvec_q4k_g64_x4", "matvec_q4k_g64_x8", "matvec_q4k_g64_x16"],
+        ["matvec_q4k_g128", "matvec_q4k_g128_x4", "matvec_q4k_g128_x8", "matvec_q4k_g128_x16"],
+    ];
+    let g = match lanes {
+        16 => 0,
+        32 => 1,
+        64 => 2,
+        _ => 3,
+    };
+    let r = match per_launch {
+        1 => 0,
+        4 => 1,
+        8 => 2,
+        _ => 3,
+    };
+    if kind == MatvecKind::Q8Planes {
+        Q8P[g][r]
+    } else {
+        Q4K[g][r]
+    }
+}
+
+/// Decode batches up to this many rows use the `wave` mat-vec kernels (kernels/matvec.hip,
+/// `matvec_*` for one row, `matvec_*_x4` for 2-4); larger ones the GEMMs.
 const MATVEC_MAX_ROWS: usize = 4;
+
+/// Batched decode (one row per sequence) can use the dp4a mat-vecs up to this many rows
+/// (`dp4a_rows_per_launch`, `GpuOptions::matvec_max_rows`); larger batches are prefill-like
+/// and take the GEMMs.
+const DP4A_MAX_ROWS: usize = 32;
+
+/// `GpuOptions::matvec_max_rows` when not set: the 1- and 4-row builds, which have run on the
+/// H200. The 8- and 16-row builds (issue #17) are opt-in until a device run checks them.
+const DEFAULT_MATVEC_MAX_ROWS: usize = 4;
 
 /// The kernel images (one per kernels/*.hip) and the functions each exports, with the
 /// block size each is launched with.
@@ -187,6 +260,9 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("attn_decode_pos_d64", 128),
             ("attn_decode_pos_d128", 128),
             ("attn_decode_pos_d256", 128),
+            ("attn_decode_batch_d64", 128),
+            ("attn_decode_batch_d128", 128),
+            ("attn_decode_batch_d256", 128),
         ],
     ),
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
@@ -194,7 +270,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
     ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256)]),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
-    ("kv_cache", &[("kv_store_f16", 256)]),
+    ("kv_cache", &[("kv_store_f16", 256), ("kv_store_batch_f16", 256)]),
     (
         "matvec",
         &[
@@ -225,6 +301,18 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g32_x4", 128),
             ("matvec_q4k_g64_x4", 128),
             ("matvec_q4k_g128_x4", 128),
+            ("matvec_q8p_g32_x8", 128),
+            ("matvec_q8p_g64_x8", 128),
+            ("matvec_q8p_g128_x8", 128),
+            ("matvec_q8p_g32_x16", 128),
+            ("matvec_q8p_g64_x16", 128),
+            ("matvec_q8p_g128_x16", 128),
+            ("matvec_q4k_g32_x8", 128),
+            ("matvec_q4k_g64_x8", 128),
+            ("matvec_q4k_g128_x8", 128),
+            ("matvec_q4k_g32_x16", 128),
+            ("matvec_q4k_g64_x16", 128),
+            ("matvec_q4k_g128_x16", 128),
         ],
     ),
     (
@@ -375,7 +463,11 @@ struct Positions {
 
 /// Kernels that read the positions buffer.
 fn reads_positions(kernel: &str) -> bool {
-    kernel.starts_with("rope_") || kernel == "kv_store_f16" || kernel.starts_with("attn_decode_pos")
+    kernel.starts_with("rope_")
+        || kernel == "kv_store_f16"
+        || kernel == "kv_store_batch_f16"
+        || kernel.starts_with("attn_decode_pos")
+        || kernel.starts_with("attn_decode_batch")
 }
 
 pub struct GpuBackend<A: GpuApi> {
@@ -405,6 +497,14 @@ pub struct GpuBackend<A: GpuApi> {
     moe: bool,
     /// Set by `rmsnorm` (decode, dp4a), taken by the next mat-vec, dropped by any other launch.
     fresh_q8: Mutex<Option<FreshQ8>>,
+    /// `GpuOptions::batched_attention`.
+    batched_attention: bool,
+    /// Most rows of a dp4a mat-vec (`GpuOptions::matvec_max_rows`, 1..=DP4A_MAX_ROWS).
+    dp4a_max_rows: usize,
+    /// `GpuOptions::gemm_tile`.
+    gemm_tile: GemmTile,
+    /// Device tables of KV cache pointers for batched decode attention (`decode_batch.rs`).
+    kv_tables: Mutex<decode_batch::KvTables>,
     tape: Mutex<Tape>,
     graphs: Mutex<GraphCache>,
     /// Set when events recorded inside a graph could not be read: replays are then untimed.
@@ -460,6 +560,7 @@ impl<A: GpuApi> GpuBackend<A> {
             other => bail!("engine.gpu.weights = \"{other}\": expected \"device\" or \"host\""),
         };
         let matvec_family = MatvecFamily::parse(&opts.matvec)?;
+        let gemm_tile = GemmTile::parse(&opts.gemm_tile)?;
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
         let mut variant = "default";
@@ -516,6 +617,10 @@ impl<A: GpuApi> GpuBackend<A> {
             matvec_family,
             moe: opts.moe,
             fresh_q8: Mutex::new(None),
+            batched_attention: opts.batched_attention,
+            gemm_tile,
+            dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
+            kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
             graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
@@ -842,14 +947,18 @@ impl<A: GpuApi> GpuBackend<A> {
     fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
         let (n, k) = (w.rows, w.cols);
         let gw = gweight(w);
-        if let Some(mw) = self.matvec_weight(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+        if let Some(mw) = self.matvec_weight(w, rows) {
             return self.matvec(&[(mw, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
         }
         if let Some((name, blocks)) = matvec_q5_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
             self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
             return Ok(());
         }
-        let big = rows >= 128 && n >= 128;
+        let big = match self.gemm_tile {
+            GemmTile::Auto => rows >= 128 && n >= 128,
+            GemmTile::T64 => false,
+            GemmTile::T128 => true,
+        };
         match &gw.data {
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
@@ -900,7 +1009,7 @@ impl<A: GpuApi> GpuBackend<A> {
         rows: usize,
         accumulate: bool,
     ) -> anyhow::Result<()> {
-        debug_assert!((1..=3).contains(&parts.len()) && rows <= MATVEC_MAX_ROWS);
+        debug_assert!((1..=3).contains(&parts.len()) && rows <= DP4A_MAX_ROWS);
         let kind = parts[0].0.kind;
         debug_assert!(parts.iter().all(|p| p.0.kind == kind));
         let total: usize = parts.iter().map(|p| p.2).sum();
@@ -945,7 +1054,10 @@ impl<A: GpuApi> GpuBackend<A> {
                 (xq, xds)
             }
         };
-        let (name, per_group) = (dp4a_kernel(kind, lanes, rows > 1), if rows == 1 { 1 } else { 4 });
+        let per_group = dp4a_rows_per_launch(rows);
+        // No 16-lane builds for more than 4 rows: those take 32 lanes.
+        let lanes = if per_group > 4 { lanes.max(32) } else { lanes };
+        let name = dp4a_kernel(kind, lanes, per_group);
         let mut args = Args::default();
         for i in 0..3 {
             let (wp, sp, yp, n) = parts.get(i).map(|p| (p.0.w, p.0.s, p.1, p.2)).unwrap_or((0, 0, 0, 0));
@@ -956,8 +1068,9 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
-    /// The decode mat-vec layout of a weight and its device pointers, if its type has one.
-    fn matvec_weight(&self, w: &Weight) -> Option<MatvecWeight> {
+    /// The decode mat-vec layout of a weight and its device pointers, if its type has one and
+    /// `rows` activation rows are few enough for it (`MATVEC_MAX_ROWS`, `DP4A_MAX_ROWS`).
+    fn matvec_weight(&self, w: &Weight, rows: usize) -> Option<MatvecWeight> {
         let dp4a = matches!(self.matvec_family, MatvecFamily::Dp4a { .. });
         let (kind, wp, sp) = match (&gweight(w).data, w.ggml_type) {
             (WeightData::Q8_0 { qs, scales, .. }, GgmlType::Q8_0 | GgmlType::Q5_0) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
@@ -967,7 +1080,8 @@ impl<A: GpuApi> GpuBackend<A> {
             (WeightData::KQuant { blocks, .. }, GgmlType::Q6_K) => (MatvecKind::Q6KBlocks, blocks.ptr, 0),
             _ => return None,
         };
-        Some(MatvecWeight { kind, w: wp, s: sp })
+        let max_rows = if matches!(kind, MatvecKind::Q8Planes | MatvecKind::Q4KDp4a) { self.dp4a_max_rows } else { MATVEC_MAX_ROWS };
+        (rows <= max_rows).then_some(MatvecWeight { kind, w: wp, s: sp })
     }
 
     fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
@@ -1194,7 +1308,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         };
         let args = Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps);
         // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
-        if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= MATVEC_MAX_ROWS && dim.is_multiple_of(32) {
+        if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= self.dp4a_max_rows && dim.is_multiple_of(32) {
             let quantised = self.pooled_alloc(rows * dim).and_then(|q| Ok((q, self.scratch(rows * dim / 16, Elem::F32)?)));
             match quantised {
                 Ok((q, ds)) => {
@@ -1224,11 +1338,10 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
         // q, k, v (or gate, up) of the same layout in one mat-vec launch.
-        let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w)).collect();
+        let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w, rows)).collect();
         let kind = mws.first().copied().flatten().map(|m| m.kind);
         let same = kind.is_some()
             && (1..=3).contains(&ws.len())
-            && rows <= MATVEC_MAX_ROWS
             && mws.iter().all(|m| m.map(|m| m.kind) == kind)
             && ws.iter().all(|w| w.cols == ws[0].cols);
         if !same {
@@ -1245,7 +1358,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
-        match self.matvec_weight(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
+        match self.matvec_weight(w, rows) {
             // out += W (silu(x) * up): SwiGLU and the residual add in the mat-vec launch(es).
             Some(mw) => {
                 let up = up.map(|u| gbuf(u).mem.ptr).unwrap_or(0);
@@ -1347,6 +1460,25 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 [n.div_ceil(256), 1, 1],
                 Args::default().ptr(gbuf(src).mem.ptr + src_off).ptr(gbuf(dst).mem.ptr + off).i32(n),
             );
+        }
+    }
+
+    fn decode_attention_batch(
+        &self,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        caches: &mut [(&mut Buffer, &mut Buffer)],
+        start_pos: &[usize],
+        shape: AttentionShape,
+        out: &mut Buffer,
+    ) -> bool {
+        match self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out) {
+            Ok(done) => done,
+            Err(e) => {
+                self.fail(e);
+                true // the error is returned by the pass; the per-sequence calls would not help
+            }
         }
     }
 
@@ -1491,6 +1623,9 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "kernel_compiler": self.compiler,
             "weights": self.weights_placement,
             "matvec": self.matvec_family.name(),
+            "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
+            "matvec_max_rows": self.dp4a_max_rows,
+            "gemm_tile": self.gemm_tile.name(),
         })
     }
 }
@@ -1506,6 +1641,11 @@ mod tests {
         }
         assert_eq!(MatvecFamily::parse("").unwrap(), MatvecFamily::Dp4a { lanes: None });
         assert!(MatvecFamily::parse("dp4a-g8").is_err());
+        for name in ["auto", "64x64", "128x128"] {
+            assert_eq!(GemmTile::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(GemmTile::parse("").unwrap(), GemmTile::Auto);
+        assert!(GemmTile::parse("32x32").is_err());
     }
 
     #[test]
@@ -1515,8 +1655,26 @@ mod tests {
         assert_eq!(matvec_lanes(4096 / 16), 64);
         assert_eq!(matvec_lanes(8960 / 16), 128); // down: the whole workgroup
         assert_eq!(matvec_lanes(8960 / 32), 128);
-        assert_eq!(dp4a_kernel(MatvecKind::Q4KDp4a, 64, true), "matvec_q4k_g64_x4");
-        assert_eq!(dp4a_kernel(MatvecKind::Q8Planes, 32, false), "matvec_q8p_g32");
+        assert_eq!(dp4a_kernel(MatvecKind::Q4KDp4a, 64, 4), "matvec_q4k_g64_x4");
+        assert_eq!(dp4a_kernel(MatvecKind::Q8Planes, 32, 1), "matvec_q8p_g32");
+    }
+
+    #[test]
+    fn batched_decode_rows_pick_a_build_that_exists() {
+        assert_eq!([1, 2, 4, 5, 8, 9, 16, 17, 32].map(dp4a_rows_per_launch), [1, 4, 4, 8, 8, 16, 16, 16, 16]);
+        assert_eq!(dp4a_kernel(MatvecKind::Q8Planes, 128, 16), "matvec_q8p_g128_x16");
+        assert_eq!(dp4a_kernel(MatvecKind::Q4KDp4a, 32, 8), "matvec_q4k_g32_x8");
+        // Every name the dispatch can produce is one the backend loads.
+        let loaded: Vec<&str> = KERNEL_FILES.iter().flat_map(|(_, ks)| ks.iter().map(|k| k.0)).collect();
+        for kind in [MatvecKind::Q8Planes, MatvecKind::Q4KDp4a] {
+            for lanes in [16, 32, 64, 128] {
+                for per_launch in [1, 4, 8, 16] {
+                    let lanes = if per_launch > 4 { lanes.max(32) } else { lanes };
+                    let name = dp4a_kernel(kind, lanes, per_launch);
+                    assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
+                }
+            }
+        }
     }
 
     #[test]

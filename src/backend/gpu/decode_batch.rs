@@ -1,0 +1,104 @@
+//! Batched decode attention (issue #17): one KV store and one attention launch for all the
+//! sequences of a decode step (one row each), instead of two launches per sequence and layer.
+//! At 16 sequences that is 2 launches per layer instead of 32, which is most of a batched
+//! step's launches once the mat-vecs read their weights once for all rows
+//! (kernels/matvec_dp4a.hip's `_x8` / `_x16` builds).
+//!
+//! The kernels (`kv_store_batch_f16` in kernels/kv_cache.hip, `attn_decode_batch_d*` in
+//! kernels/attention.hip) find each sequence's caches in a device table of pointers
+//! (k0, v0, k1, v1, ...) and its position in the positions buffer RoPE reads. A table is made
+//! once per distinct list of caches (a layer of a set of sequences) and kept, so the launches
+//! of a step are the same from token to token and its decode graph replays.
+
+use super::api::DevicePtr;
+use super::Args;
+use super::{gbuf, AttentionShape, Buffer, DevBuf, GpuApi, GpuBackend};
+use anyhow::Context;
+use std::collections::HashMap;
+
+/// Tables kept before all are dropped (after waiting for the stream): about 2 MB at 32
+/// sequences. A table is 16 bytes per sequence.
+const MAX_TABLES: usize = 4096;
+
+/// Device tables of cache pointers, by their contents. A table is never rewritten, so work
+/// queued (or captured in a graph) with it stays valid while it exists.
+#[derive(Default)]
+pub(super) struct KvTables {
+    tables: HashMap<Vec<DevicePtr>, DevBuf>,
+}
+
+impl<A: GpuApi> GpuBackend<A> {
+    /// `Backend::decode_attention_batch`: Ok(false) where it does not apply (`batched_attention`
+    /// off, a head size without a kernel, positions not as RoPE uploaded them).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn try_decode_attention_batch(
+        &self,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        caches: &[(&mut Buffer, &mut Buffer)],
+        start_pos: &[usize],
+        s: AttentionShape,
+        out: &Buffer,
+    ) -> anyhow::Result<bool> {
+        let (store, attend) = match s.head_dim {
+            64 => ("kv_store_batch_f16", "attn_decode_batch_d64"),
+            128 => ("kv_store_batch_f16", "attn_decode_batch_d128"),
+            256 => ("kv_store_batch_f16", "attn_decode_batch_d256"),
+            _ => return Ok(false),
+        };
+        if !self.batched_attention || caches.is_empty() || caches.len() != start_pos.len() {
+            return Ok(false);
+        }
+        // Row i's position is read on the device (graphs replay unchanged): it must be there.
+        let pos = {
+            let cached = self.positions.lock();
+            match cached.as_ref() {
+                Some(p) if p.values.len() >= start_pos.len() && p.values.iter().zip(start_pos).all(|(&a, &b)| a as usize == b) => p.buf.ptr,
+                _ => return Ok(false),
+            }
+        };
+        let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [gbuf(kc).mem.ptr, gbuf(vc).mem.ptr]).collect();
+        let table = self.kv_table(ptrs)?;
+        let n = caches.len();
+        let kv_dim = s.n_head_kv * s.head_dim;
+        self.launch(
+            store,
+            n,
+            [kv_dim.div_ceil(256), n, 2],
+            Args::default().ptr(gbuf(k).mem.ptr).ptr(gbuf(v).mem.ptr).ptr(table).ptr(pos).i32(kv_dim),
+        );
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        self.launch(
+            attend,
+            n,
+            [s.n_head, n, 1],
+            Args::default().ptr(gbuf(q).mem.ptr).ptr(table).ptr(gbuf(out).mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+        );
+        Ok(true)
+    }
+
+    /// The device table holding `ptrs`, made (uploaded to a buffer no queued work has seen)
+    /// on first use.
+    fn kv_table(&self, ptrs: Vec<DevicePtr>) -> anyhow::Result<DevicePtr> {
+        let mut t = self.kv_tables.lock();
+        if let Some(b) = t.tables.get(&ptrs) {
+            return Ok(b.ptr);
+        }
+        if t.tables.len() >= MAX_TABLES {
+            // Queued and captured work may still read the old tables: drop them only once the
+            // stream is idle. Graphs that named them are never replayed with a new table at
+            // the same address unless their tape (and so the table's contents) is the same.
+            self.flush();
+            self.api.synchronize()?;
+            t.tables.clear();
+        }
+        let bytes: Vec<u8> = ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
+        // A fresh allocation, not a pooled buffer that recorded launches may still use.
+        let buf = self.raw_alloc(bytes.len())?;
+        self.api.upload(buf.ptr, &bytes).context("uploading a KV cache table")?;
+        let ptr = buf.ptr;
+        t.tables.insert(ptrs, buf);
+        Ok(ptr)
+    }
+}
