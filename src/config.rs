@@ -213,6 +213,12 @@ impl Config {
         if e.prefill_batch == 0 {
             bail!("engine.prefill_batch must be at least 1");
         }
+        if !(e.max_decode_slowdown == 0.0 || (e.max_decode_slowdown.is_finite() && e.max_decode_slowdown >= 1.0)) {
+            bail!("engine.max_decode_slowdown must be 0 (off) or a factor >= 1, got {}", e.max_decode_slowdown);
+        }
+        if e.min_prefill_chunk == 0 {
+            bail!("engine.min_prefill_chunk must be at least 1");
+        }
         if !(e.kernel_timing.sample_rate > 0.0 && e.kernel_timing.sample_rate <= 1.0) {
             bail!("engine.kernel_timing.sample_rate must be in (0, 1], got {}", e.kernel_timing.sample_rate);
         }

@@ -45,6 +45,19 @@ pub struct EngineConfig {
     /// default ([`default_max_batch_tokens`]), resolved when the engine loads.
     #[serde(default)]
     pub max_batch_tokens: usize,
+    /// While sequences decode, how much slower a step may become because it also prefills a
+    /// long prompt (one longer than `prefill_batch`): that prompt's chunk is cut so the
+    /// step's predicted time stays within this factor of the decode rows' alone (a cost model
+    /// learned online from measured step times). 2.0 = the decoding streams' inter-token gap
+    /// at most doubles while a long prompt prefills, which gets the other half of the
+    /// machine. Short prompts are not cut (they end in one step; their time to first token
+    /// matters). 0 = off: prefill chunks fill `max_batch_tokens`. Values in (0, 1) are refused.
+    #[serde(default = "default_max_decode_slowdown")]
+    pub max_decode_slowdown: f64,
+    /// Rows the oldest long prompt prefills in every step even when `max_decode_slowdown`
+    /// leaves none, so it always progresses.
+    #[serde(default = "default_min_prefill_chunk")]
+    pub min_prefill_chunk: usize,
     /// Bytes of the paged KV cache pool (backends with paged KV: CPU); 0 = enough for
     /// max_active_sequences sequences of the full context. Requests wait for free blocks;
     /// unreferenced prefix-cache blocks are evicted when blocks run out. Models with
@@ -68,10 +81,20 @@ impl Default for EngineConfig {
             context_length: 4096,
             prefill_batch: 64,
             max_batch_tokens: 0,
+            max_decode_slowdown: default_max_decode_slowdown(),
+            min_prefill_chunk: default_min_prefill_chunk(),
             kv_cache_bytes: 0,
             kernel_timing: KernelTimingConfig::default(),
         }
     }
+}
+
+fn default_max_decode_slowdown() -> f64 {
+    2.0
+}
+
+fn default_min_prefill_chunk() -> usize {
+    1
 }
 
 /// The step budget when `engine.max_batch_tokens` is 0, by backend.
