@@ -314,6 +314,8 @@ mod tests {
                 ("[engine]\nmodel_path = \"x.gguf\"\n", &["model.path"]),
                 ("[engine.kernel_timing]\nsample_rate = 1.5\n", &["sample_rate", "1.5"]),
                 ("[engine]\nmax_active_sequences = 0\n", &["max_active_sequences"]),
+                ("[engine]\nmax_decode_slowdown = 0.5\n", &["engine.max_decode_slowdown", "0.5"]),
+                ("[engine]\nmin_prefill_chunk = 0\n", &["engine.min_prefill_chunk"]),
                 ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nmetrics_addr = \"127.0.0.1:7000\"\n", &["different ports"]),
                 ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nhttp_addr = \"127.0.0.1:7000\"\n", &["server.http_addr", "different ports"]),
                 ("[server]\nhttp_addr = \"8080\"\n", &["server.http_addr"]),

@@ -2,16 +2,23 @@
 //! can cut a long prompt's prefill chunk to what keeps the decoding streams' step short
 //! (`engine.max_decode_slowdown`, see `scheduler::plan_step`).
 //!
-//! A step's time is modelled as `overhead + per_row * rows + per_kv * attended`, where `rows`
-//! are the step's token rows (every matmul runs over each of them) and `attended` the KV
-//! positions its rows attend to (a row at position p attends to p + 1 positions: the cost of
-//! attention, which grows with a long prompt's chunks). The three coefficients are an
-//! exponentially weighted least-squares fit over the recent steps (about the last 30), pulled
-//! gently towards a prior so that they stay defined while the steps do not vary (all decode
-//! steps have the same rows): the prior is cost proportional to `rows + kv_per_row * attended`,
-//! with `kv_per_row` the ratio of attention to matmul multiply-adds of the model's shape, scaled
-//! by the measured seconds per unit. Before any step is measured the prior alone predicts (its
-//! scale is then unknown but the scheduler only compares predictions with each other).
+//! A step's time is modelled as `per_row * rows + per_kv * attended`, where `rows` are the
+//! step's token rows (every matmul runs over each of them) and `attended` the KV positions its
+//! rows attend to (a row at position p attends to p + 1 positions: attention, which grows along a
+//! long prompt). The two coefficients are an exponentially weighted least-squares fit over the
+//! recent steps (about the last 30), pulled gently towards a prior so that they stay defined
+//! while the steps do not vary: the prior is cost proportional to `rows + kv_per_row *
+//! attended`, with `kv_per_row` the ratio of attention to matmul multiply-adds of the model's
+//! shape, scaled by the measured seconds per unit. Before any step is measured the prior alone
+//! predicts (its scale is then unknown, but the scheduler only compares predictions).
+//!
+//! There is deliberately no fixed per-step term. Fitted on steps of about R rows, a real
+//! overhead `a` lands in the per-row cost as `a / R`; the planner then predicts decode-only steps
+//! (fewer rows than the mixed steps it learned from) no dearer than they are, and a prefill
+//! chunk's extra rows no cheaper, so it errs towards smaller chunks. With an intercept in the fit,
+//! steps of nearly constant rows (every step of a long prefill next to the same decoding streams)
+//! cannot separate it from the per-row cost, and an overestimated intercept made the decode-only
+//! step look dear and let oversized chunks through (seen on a small model).
 
 /// The shape of a step (or of a part of one) that its cost depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -53,10 +60,10 @@ pub(super) struct StepCost {
     /// first step.
     scale: f64,
     /// Exponentially weighted sums: X^T X and X^T y over the observed steps.
-    xtx: [[f64; 3]; 3],
-    xty: [f64; 3],
-    /// The current fit (scaled features): overhead, per ROW_SCALE rows, per KV_SCALE positions.
-    theta: [f64; 3],
+    xtx: [[f64; 2]; 2],
+    xty: [f64; 2],
+    /// The current fit (scaled features): per ROW_SCALE rows, per KV_SCALE positions.
+    theta: [f64; 2],
 }
 
 impl StepCost {
@@ -64,16 +71,16 @@ impl StepCost {
     /// position's cost to one row's ([`StepCost::kv_per_row_of_shape`]).
     pub fn new(kv_per_row: f64) -> StepCost {
         let kv_per_row = if kv_per_row.is_finite() && kv_per_row >= 0.0 { kv_per_row } else { 0.0 };
-        let mut m = StepCost { kv_per_row, scale: 0.0, xtx: [[0.0; 3]; 3], xty: [0.0; 3], theta: [0.0; 3] };
+        let mut m = StepCost { kv_per_row, scale: 0.0, xtx: [[0.0; 2]; 2], xty: [0.0; 2], theta: [0.0; 2] };
         m.theta = m.prior();
         m
     }
 
-    /// Fixed coefficients in seconds (tests, and what the fit is compared against).
+    /// Fixed coefficients in seconds (tests).
     #[cfg(test)]
-    pub fn fixed(overhead: f64, per_row: f64, per_kv: f64) -> StepCost {
+    pub fn fixed(per_row: f64, per_kv: f64) -> StepCost {
         let mut m = StepCost::new(0.0);
-        m.theta = [overhead, per_row * ROW_SCALE, per_kv * KV_SCALE];
+        m.theta = [per_row * ROW_SCALE, per_kv * KV_SCALE];
         m
     }
 
@@ -87,24 +94,25 @@ impl StepCost {
         (2 * layers * heads * head_dim) as f64 / matmul_params as f64
     }
 
-    fn prior(&self) -> [f64; 3] {
+    fn prior(&self) -> [f64; 2] {
         let s = if self.scale > 0.0 { self.scale } else { 1.0 };
-        [0.0, s * ROW_SCALE, s * self.kv_per_row * KV_SCALE]
+        [s * ROW_SCALE, s * self.kv_per_row * KV_SCALE]
     }
 
-    fn features(shape: StepShape) -> [f64; 3] {
-        [1.0, shape.rows as f64 / ROW_SCALE, shape.attended as f64 / KV_SCALE]
+    fn features(shape: StepShape) -> [f64; 2] {
+        [shape.rows as f64 / ROW_SCALE, shape.attended as f64 / KV_SCALE]
     }
 
     /// Predicted seconds of a step of this shape.
     pub fn predict(&self, shape: StepShape) -> f64 {
         let x = Self::features(shape);
-        (0..3).map(|i| self.theta[i] * x[i]).sum()
+        self.theta[0] * x[0] + self.theta[1] * x[1]
     }
 
-    /// The current coefficients in seconds: (overhead, per row, per attended position).
-    pub fn coefficients(&self) -> (f64, f64, f64) {
-        (self.theta[0], self.theta[1] / ROW_SCALE, self.theta[2] / KV_SCALE)
+    /// The current coefficients in seconds: (per row, per attended position).
+    #[cfg(test)]
+    pub fn coefficients(&self) -> (f64, f64) {
+        (self.theta[0] / ROW_SCALE, self.theta[1] / KV_SCALE)
     }
 
     /// Learns from one measured step.
@@ -116,8 +124,8 @@ impl StepCost {
         let unit = seconds / work;
         self.scale = if self.scale > 0.0 { self.scale + SCALE_ALPHA * (unit - self.scale) } else { unit };
         let x = Self::features(shape);
-        for i in 0..3 {
-            for j in 0..3 {
+        for i in 0..2 {
+            for j in 0..2 {
                 self.xtx[i][j] = DECAY * self.xtx[i][j] + x[i] * x[j];
             }
             self.xty[i] = DECAY * self.xty[i] + x[i] * seconds;
@@ -131,42 +139,26 @@ impl StepCost {
         let prior = self.prior();
         let mut a = self.xtx;
         let mut b = self.xty;
-        for i in 0..3 {
+        for i in 0..2 {
             a[i][i] += RIDGE;
             b[i] += RIDGE * prior[i];
         }
-        let theta = match solve3(a, b) {
-            Some(t) if t.iter().all(|v| v.is_finite()) && t[1] >= 0.1 * prior[1] => t,
+        let theta = match solve2(a, b) {
+            Some(t) if t.iter().all(|v| v.is_finite()) && t[0] >= 0.1 * prior[0] => t,
             _ => prior,
         };
-        // Negative overhead or attention cost is noise: clamp (rows carry the rest).
-        self.theta = [theta[0].max(0.0), theta[1], theta[2].max(0.0)];
+        // A negative attention cost is noise: clamp (rows carry the rest).
+        self.theta = [theta[0], theta[1].max(0.0)];
     }
 }
 
-/// Gaussian elimination with partial pivoting; None when singular.
-fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[pivot][col].abs() < 1e-300 {
-            return None;
-        }
-        a.swap(col, pivot);
-        b.swap(col, pivot);
-        for row in col + 1..3 {
-            let f = a[row][col] / a[col][col];
-            for k in col..3 {
-                a[row][k] -= f * a[col][k];
-            }
-            b[row] -= f * b[col];
-        }
+/// Cramer's rule; None when singular (the ridge keeps the system regular).
+fn solve2(a: [[f64; 2]; 2], b: [f64; 2]) -> Option<[f64; 2]> {
+    let det = a[0][0] * a[1][1] - a[0][1] * a[1][0];
+    if det.abs() < 1e-300 {
+        return None;
     }
-    let mut x = [0.0; 3];
-    for row in (0..3).rev() {
-        let s: f64 = (row + 1..3).map(|k| a[row][k] * x[k]).sum();
-        x[row] = (b[row] - s) / a[row][row];
-    }
-    Some(x)
+    Some([(b[0] * a[1][1] - a[0][1] * b[1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det])
 }
 
 #[cfg(test)]
@@ -180,35 +172,61 @@ mod tests {
         assert_eq!(StepShape::chunk(7, 1).plus(StepShape::chunk(0, 1)), StepShape { rows: 2, attended: 9 });
     }
 
+    /// The mixed scenario's step shapes: 4 decoding rows at growing positions, and from step 20
+    /// on a long prompt's chunk of varying size alongside (every third step decode-only).
+    fn mixed_shapes() -> impl Iterator<Item = (StepShape, StepShape)> {
+        (0..200usize).map(|i| {
+            let decode = (0..4).fold(StepShape::default(), |s, _| s.plus(StepShape::chunk(50 + i, 1)));
+            let chunk = if i < 20 || i % 3 == 0 { StepShape::default() } else { StepShape::chunk(10 * i, 1 + i % 17) };
+            (decode, chunk)
+        })
+    }
+
     #[test]
     fn the_fit_recovers_a_linear_cost_from_varied_steps() {
-        // A machine whose steps cost 4 ms + 3 ms per row + 1 µs per attended position.
-        let truth = StepCost::fixed(0.004, 0.003, 1e-6);
+        // A machine whose steps cost 3 ms per row + 1 µs per attended position.
+        let truth = StepCost::fixed(0.003, 1e-6);
         let mut m = StepCost::new(3e-4);
-        // Decode-only steps of 4 rows, then a long prompt's chunks of varying size at growing
-        // positions alongside them (the mixed scenario's shapes).
-        for i in 0..200usize {
-            let decode = (0..4).fold(StepShape::default(), |s, _| s.plus(StepShape::chunk(50 + i, 1)));
-            let shape = if i % 3 == 0 { decode } else { decode.plus(StepShape::chunk(10 * i, 1 + i % 17)) };
+        for (decode, chunk) in mixed_shapes() {
+            let shape = decode.plus(chunk);
             m.observe(shape, truth.predict(shape));
         }
-        let (a, b, c) = m.coefficients();
-        assert!((a - 0.004).abs() < 4e-4, "overhead {a}");
-        assert!((b - 0.003).abs() < 3e-4, "per row {b}");
-        assert!((c - 1e-6).abs() < 1e-7, "per kv {c}");
+        let (b, c) = m.coefficients();
+        assert!((b - 0.003).abs() < 1e-4, "per row {b}");
+        assert!((c - 1e-6).abs() < 5e-8, "per kv {c}");
+    }
+
+    #[test]
+    fn a_fixed_step_overhead_makes_the_chunks_smaller_never_larger() {
+        // The real cost has 5 ms of overhead per step, which the model has no term for: the
+        // chunk it allows must still keep the real step within the factor of the real
+        // decode-only step.
+        let real = |s: StepShape| 0.005 + 0.003 * s.rows as f64 + 1e-6 * s.attended as f64;
+        let mut m = StepCost::new(3e-4);
+        for (decode, chunk) in mixed_shapes() {
+            let shape = decode.plus(chunk);
+            m.observe(shape, real(shape));
+            // The largest chunk (of up to 64 rows at this position) the model lets through
+            // under a factor of 2.
+            let limit = 2.0 * m.predict(decode);
+            let start = 10 * 200;
+            let rows = (1..=64).take_while(|&r| m.predict(decode.plus(StepShape::chunk(start, r))) <= limit).last().unwrap_or(0);
+            let step = decode.plus(StepShape::chunk(start, rows));
+            assert!(real(step) <= 2.0 * real(decode) + 1e-12, "{rows} rows: {} vs {}", real(step), real(decode));
+        }
     }
 
     #[test]
     fn identical_steps_keep_the_prior_shape_and_learn_its_scale() {
-        // Only 4-row decode steps at 20 ms: the fit cannot separate overhead from rows, so it
-        // stays near the prior (no overhead) and predicts those steps right.
+        // Only identical 4-row decode steps at 20 ms: the fit cannot separate rows from
+        // attention, stays near the prior's proportions and predicts those steps right.
         let mut m = StepCost::new(0.0);
         let shape = StepShape { rows: 4, attended: 400 };
         for _ in 0..100 {
             m.observe(shape, 0.020);
         }
         assert!((m.predict(shape) - 0.020).abs() < 1e-3, "{}", m.predict(shape));
-        let (_, per_row, _) = m.coefficients();
+        let (per_row, _) = m.coefficients();
         assert!(per_row > 0.003, "per row {per_row}");
     }
 
