@@ -87,8 +87,9 @@ impl StepLimits {
 /// 1. short prefills (at most one chunk in all: interactive prompts), oldest first, in the
 ///    rest of the budget, keeping `min_prefill_chunk` rows back for the oldest long prefill;
 /// 2. long prefills, oldest first, each at most a chunk: while sequences decode and
-///    `max_decode_slowdown` is set, a chunk is cut so that the step's predicted cost stays
-///    within that factor of the decode rows' alone (the oldest always gets at least
+///    `max_decode_slowdown` is set, a chunk is cut so that the prefill rows' predicted cost
+///    stays within (slowdown - 1) x the measured decode-only step, i.e. the step within the
+///    slowdown x a decode-only one (the oldest long prefill always gets at least
 ///    `min_prefill_chunk` rows); with nothing decoding they fill the budget.
 ///
 /// Short prompts go first because they end in one step (their first token is the wait they
@@ -100,7 +101,8 @@ pub(super) fn plan_step(seqs: &[SeqState], limits: &StepLimits, cost: &StepCost)
     let mut room = limits.budget.saturating_sub(decode.rows);
     let has_long = seqs.iter().any(|s| s.prefill_left > 0 && s.is_long(chunk));
     let reserve = if has_long { limits.min_prefill_chunk.max(1).min(room) } else { 0 };
-    let mut shape = decode;
+    // The rows planned beyond the decode rows.
+    let mut prefill = StepShape::default();
 
     for (slot, s) in plan.iter_mut().zip(seqs) {
         if s.prefill_left == 0 || s.is_long(chunk) {
@@ -111,11 +113,15 @@ pub(super) fn plan_step(seqs: &[SeqState], limits: &StepLimits, cost: &StepCost)
             break;
         }
         room -= rows;
-        shape = shape.plus(StepShape::chunk(s.kv_len, rows));
+        prefill = prefill.plus(StepShape::chunk(s.kv_len, rows));
         *slot = Some(Work::Prefill { rows, last: rows == s.prefill_left });
     }
 
-    let limit = (decode.rows > 0 && limits.max_decode_slowdown > 0.0).then(|| limits.max_decode_slowdown * cost.predict(decode));
+    // What the prefill rows may cost: (slowdown - 1) x the decode rows' step. The decode step
+    // is measured (decode-only steps), the prefill rows' cost predicted by the fitted model;
+    // short prompts already planned count against it.
+    let allowance = (decode.rows > 0 && limits.max_decode_slowdown > 0.0)
+        .then(|| (limits.max_decode_slowdown - 1.0).max(0.0) * cost.decode_step(decode));
     let mut first_long = true;
     for (slot, s) in plan.iter_mut().zip(seqs) {
         if s.prefill_left == 0 || !s.is_long(chunk) {
@@ -124,18 +130,19 @@ pub(super) fn plan_step(seqs: &[SeqState], limits: &StepLimits, cost: &StepCost)
         let most = s.prefill_left.min(chunk).min(room);
         let least = if first_long { limits.min_prefill_chunk.max(1).min(most) } else { 0 };
         first_long = false;
-        let rows = match limit {
+        let rows = match allowance {
             None => most,
-            // The largest chunk whose step stays within the limit (cost grows with rows).
-            Some(limit) => {
-                (least + 1..=most).take_while(|&r| cost.predict(shape.plus(StepShape::chunk(s.kv_len, r))) <= limit).last().unwrap_or(least)
-            }
+            // The largest chunk whose rows stay within the allowance (cost grows with rows).
+            Some(allowance) => (least + 1..=most)
+                .take_while(|&r| cost.predict(prefill.plus(StepShape::chunk(s.kv_len, r))) <= allowance)
+                .last()
+                .unwrap_or(least),
         };
         if rows == 0 {
             continue;
         }
         room -= rows;
-        shape = shape.plus(StepShape::chunk(s.kv_len, rows));
+        prefill = prefill.plus(StepShape::chunk(s.kv_len, rows));
         *slot = Some(Work::Prefill { rows, last: rows == s.prefill_left });
     }
     plan
@@ -388,7 +395,8 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cos
     let elapsed = t0.elapsed();
     if result.is_ok() {
         let predicted = cost.predict(shape);
-        cost.observe(shape, elapsed.as_secs_f64());
+        let decode_only = plan.iter().flatten().all(|w| matches!(w, Work::Decode));
+        cost.observe(shape, decode_only, elapsed.as_secs_f64());
         tracing::trace!(
             rows = shape.rows,
             attended = shape.attended,

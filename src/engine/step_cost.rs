@@ -12,10 +12,15 @@
 //! shape, scaled by the measured seconds per unit. Before any step is measured the prior alone
 //! predicts (its scale is then unknown, but the scheduler only compares predictions).
 //!
+//! The reference a slowdown is relative to, the decode-only step, is measured rather than
+//! predicted (an EWMA of decode-only steps' time per row, [`StepCost::decode_step`]): during a
+//! long prefill every step is a mixed one, and the fit extrapolates decode-only steps poorly.
+//! The planner lets a chunk through when the prefill rows' predicted cost fits in
+//! (slowdown - 1) x that measured step.
+//!
 //! There is deliberately no fixed per-step term. Fitted on steps of about R rows, a real
-//! overhead `a` lands in the per-row cost as `a / R`; the planner then predicts decode-only steps
-//! (fewer rows than the mixed steps it learned from) no dearer than they are, and a prefill
-//! chunk's extra rows no cheaper, so it errs towards smaller chunks. With an intercept in the fit,
+//! overhead `a` lands in the per-row cost as `a / R`, so a prefill chunk's rows are predicted no
+//! cheaper than they are and the planner errs towards smaller chunks. With an intercept in the fit,
 //! steps of nearly constant rows (every step of a long prefill next to the same decoding streams)
 //! cannot separate it from the per-row cost, and an overestimated intercept made the decode-only
 //! step look dear and let oversized chunks through (seen on a small model).
@@ -64,6 +69,8 @@ pub(super) struct StepCost {
     xty: [f64; 2],
     /// The current fit (scaled features): per ROW_SCALE rows, per KV_SCALE positions.
     theta: [f64; 2],
+    /// Seconds per row of the steps that only decoded, an EWMA; 0 before the first one.
+    decode_row_seconds: f64,
 }
 
 impl StepCost {
@@ -71,7 +78,7 @@ impl StepCost {
     /// position's cost to one row's ([`StepCost::kv_per_row_of_shape`]).
     pub fn new(kv_per_row: f64) -> StepCost {
         let kv_per_row = if kv_per_row.is_finite() && kv_per_row >= 0.0 { kv_per_row } else { 0.0 };
-        let mut m = StepCost { kv_per_row, scale: 0.0, xtx: [[0.0; 2]; 2], xty: [0.0; 2], theta: [0.0; 2] };
+        let mut m = StepCost { kv_per_row, scale: 0.0, xtx: [[0.0; 2]; 2], xty: [0.0; 2], theta: [0.0; 2], decode_row_seconds: 0.0 };
         m.theta = m.prior();
         m
     }
@@ -109,16 +116,36 @@ impl StepCost {
         self.theta[0] * x[0] + self.theta[1] * x[1]
     }
 
+    /// Seconds of a decode-only step of `decode`: measured (the recent decode-only steps' time
+    /// per row, times its rows) once such a step has run, else predicted. Measured because it
+    /// is the reference a slowdown is relative to, and during a long prefill the fit only sees
+    /// mixed steps, from which it extrapolates decode-only ones poorly.
+    pub fn decode_step(&self, decode: StepShape) -> f64 {
+        if self.decode_row_seconds > 0.0 {
+            self.decode_row_seconds * decode.rows as f64
+        } else {
+            self.predict(decode)
+        }
+    }
+
     /// The current coefficients in seconds: (per row, per attended position).
     #[cfg(test)]
     pub fn coefficients(&self) -> (f64, f64) {
         (self.theta[0] / ROW_SCALE, self.theta[1] / KV_SCALE)
     }
 
-    /// Learns from one measured step.
-    pub fn observe(&mut self, shape: StepShape, seconds: f64) {
+    /// Learns from one measured step; `decode_only` when all its rows were decode rows.
+    pub fn observe(&mut self, shape: StepShape, decode_only: bool, seconds: f64) {
         if shape.rows == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
+        }
+        if decode_only {
+            let per_row = seconds / shape.rows as f64;
+            self.decode_row_seconds = if self.decode_row_seconds > 0.0 {
+                self.decode_row_seconds + SCALE_ALPHA * (per_row - self.decode_row_seconds)
+            } else {
+                per_row
+            };
         }
         let work = shape.rows as f64 + self.kv_per_row * shape.attended as f64;
         let unit = seconds / work;
@@ -189,7 +216,7 @@ mod tests {
         let mut m = StepCost::new(3e-4);
         for (decode, chunk) in mixed_shapes() {
             let shape = decode.plus(chunk);
-            m.observe(shape, truth.predict(shape));
+            m.observe(shape, chunk.rows == 0, truth.predict(shape));
         }
         let (b, c) = m.coefficients();
         assert!((b - 0.003).abs() < 1e-4, "per row {b}");
@@ -205,12 +232,12 @@ mod tests {
         let mut m = StepCost::new(3e-4);
         for (decode, chunk) in mixed_shapes() {
             let shape = decode.plus(chunk);
-            m.observe(shape, real(shape));
+            m.observe(shape, chunk.rows == 0, real(shape));
             // The largest chunk (of up to 64 rows at this position) the model lets through
             // under a factor of 2.
-            let limit = 2.0 * m.predict(decode);
+            let allowance = (2.0 - 1.0) * m.decode_step(decode);
             let start = 10 * 200;
-            let rows = (1..=64).take_while(|&r| m.predict(decode.plus(StepShape::chunk(start, r))) <= limit).last().unwrap_or(0);
+            let rows = (1..=64).take_while(|&r| m.predict(StepShape::chunk(start, r)) <= allowance).last().unwrap_or(0);
             let step = decode.plus(StepShape::chunk(start, rows));
             assert!(real(step) <= 2.0 * real(decode) + 1e-12, "{rows} rows: {} vs {}", real(step), real(decode));
         }
@@ -223,9 +250,11 @@ mod tests {
         let mut m = StepCost::new(0.0);
         let shape = StepShape { rows: 4, attended: 400 };
         for _ in 0..100 {
-            m.observe(shape, 0.020);
+            m.observe(shape, true, 0.020);
         }
         assert!((m.predict(shape) - 0.020).abs() < 1e-3, "{}", m.predict(shape));
+        assert!((m.decode_step(shape) - 0.020).abs() < 1e-9, "{}", m.decode_step(shape));
+        assert!((m.decode_step(StepShape { rows: 2, attended: 0 }) - 0.010).abs() < 1e-9);
         let (per_row, _) = m.coefficients();
         assert!(per_row > 0.003, "per row {per_row}");
     }
