@@ -40,8 +40,9 @@ pub struct EngineConfig {
     /// The largest prompt chunk one sequence prefills in one step.
     pub prefill_batch: usize,
     /// Token budget of one engine step (continuous batching): one decode row per decoding
-    /// sequence, then prefill chunks up to this many rows in all. Smaller keeps decoding
-    /// streams smooth while long prompts prefill; larger prefills faster. 0 = the backend's
+    /// sequence, then prefill chunks up to this many rows in all. It bounds the decode gap
+    /// while short prompts prefill (long ones are also cut by `max_decode_slowdown`); larger
+    /// prefills bursts of prompts in fewer steps. 0 = the backend's
     /// default ([`default_max_batch_tokens`]), resolved when the engine loads.
     #[serde(default)]
     pub max_batch_tokens: usize,
