@@ -213,6 +213,12 @@ impl Config {
         if e.prefill_batch == 0 {
             bail!("engine.prefill_batch must be at least 1");
         }
+        if !(e.max_decode_slowdown == 0.0 || (e.max_decode_slowdown.is_finite() && e.max_decode_slowdown >= 1.0)) {
+            bail!("engine.max_decode_slowdown must be 0 (off) or a factor >= 1, got {}", e.max_decode_slowdown);
+        }
+        if e.min_prefill_chunk == 0 {
+            bail!("engine.min_prefill_chunk must be at least 1");
+        }
         if !(e.kernel_timing.sample_rate > 0.0 && e.kernel_timing.sample_rate <= 1.0) {
             bail!("engine.kernel_timing.sample_rate must be in (0, 1], got {}", e.kernel_timing.sample_rate);
         }
@@ -308,6 +314,8 @@ mod tests {
                 ("[engine]\nmodel_path = \"x.gguf\"\n", &["model.path"]),
                 ("[engine.kernel_timing]\nsample_rate = 1.5\n", &["sample_rate", "1.5"]),
                 ("[engine]\nmax_active_sequences = 0\n", &["max_active_sequences"]),
+                ("[engine]\nmax_decode_slowdown = 0.5\n", &["engine.max_decode_slowdown", "0.5"]),
+                ("[engine]\nmin_prefill_chunk = 0\n", &["engine.min_prefill_chunk"]),
                 ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nmetrics_addr = \"127.0.0.1:7000\"\n", &["different ports"]),
                 ("[server]\ngrpc_addr = \"127.0.0.1:7000\"\nhttp_addr = \"127.0.0.1:7000\"\n", &["server.http_addr", "different ports"]),
                 ("[server]\nhttp_addr = \"8080\"\n", &["server.http_addr"]),

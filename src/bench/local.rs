@@ -49,6 +49,8 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         max_batch_tokens: plan.prefill_batch,
         kv_cache_bytes: 0,
         kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
+        // One sequence: nothing decodes while it prefills, the slowdown never applies.
+        ..EngineConfig::default()
     };
     let engine = Engine::load(cfg)?;
     if engine.context_length() < need_ctx {

@@ -15,6 +15,7 @@ mod prompt_limit;
 pub mod sampler;
 mod scheduler;
 mod sequence;
+mod step_cost;
 mod types;
 mod validate;
 

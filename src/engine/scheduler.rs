@@ -12,6 +12,7 @@
 
 use super::kv::{Allocation, BlockManager};
 use super::sequence::{Seq, StepOutcome};
+use super::step_cost::{StepCost, StepShape};
 use super::types::*;
 use super::{Counters, Inner, Job};
 use crate::model::{Logits, SeqRows};
@@ -37,20 +38,112 @@ impl Work {
     }
 }
 
-/// Plans one step for sequences whose prompts have `prefill_left[i]` tokens to go (0 =
-/// decoding): every decoding sequence gets its row, then prefills fill the rest of `budget`
-/// in order, each at most `chunk` tokens. Decode rows are never cut by the budget (there are
-/// at most max_active_sequences of them); when they use it all, prefills wait a step.
-pub(super) fn plan_step(prefill_left: &[usize], budget: usize, chunk: usize) -> Vec<Option<Work>> {
-    let mut plan: Vec<Option<Work>> = prefill_left.iter().map(|&left| (left == 0).then_some(Work::Decode)).collect();
-    let mut room = budget.saturating_sub(plan.iter().flatten().count());
-    for (slot, &left) in plan.iter_mut().zip(prefill_left) {
-        if left == 0 || room == 0 {
+/// What the planner needs to know of one active sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SeqState {
+    /// Tokens still to prefill (0: decoding).
+    pub prefill_left: usize,
+    /// Tokens this prefill computes in all (prompt, or history on resume, less the cached
+    /// prefix): more than one chunk makes it a long prefill.
+    pub prefill_rows: usize,
+    /// Positions already in its KV cache (where its next row goes).
+    pub kv_len: usize,
+}
+
+impl SeqState {
+    fn is_long(&self, chunk: usize) -> bool {
+        self.prefill_rows > chunk
+    }
+}
+
+/// The limits one step is planned under (from the engine config).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct StepLimits {
+    /// Rows of one step (`engine.max_batch_tokens`).
+    pub budget: usize,
+    /// The largest chunk of one sequence's prefill per step (`engine.prefill_batch`).
+    pub chunk: usize,
+    /// While sequences decode, a step with a long prefill's chunk may cost at most this many
+    /// times their decode rows alone (predicted); 0 = no limit (`engine.max_decode_slowdown`).
+    pub max_decode_slowdown: f64,
+    /// Rows the oldest long prefill gets in every step even past that limit, so it always
+    /// progresses (`engine.min_prefill_chunk`).
+    pub min_prefill_chunk: usize,
+}
+
+impl StepLimits {
+    pub(super) fn of(cfg: &EngineConfig) -> StepLimits {
+        StepLimits {
+            budget: cfg.max_batch_tokens.max(1),
+            chunk: cfg.prefill_batch.max(1),
+            max_decode_slowdown: cfg.max_decode_slowdown,
+            min_prefill_chunk: cfg.min_prefill_chunk.max(1),
+        }
+    }
+}
+
+/// Plans one step. Every decoding sequence gets its row (never cut by the budget: there are
+/// at most max_active_sequences of them; when they use it all, prefills wait a step). Then:
+/// 1. short prefills (at most one chunk in all: interactive prompts), oldest first, in the
+///    rest of the budget, keeping `min_prefill_chunk` rows back for the oldest long prefill;
+/// 2. long prefills, oldest first, each at most a chunk: while sequences decode and
+///    `max_decode_slowdown` is set, a chunk is cut so that the prefill rows' predicted cost
+///    stays within (slowdown - 1) x the measured decode-only step, i.e. the step within the
+///    slowdown x a decode-only one (the oldest long prefill always gets at least
+///    `min_prefill_chunk` rows); with nothing decoding they fill the budget.
+///
+/// Short prompts go first because they end in one step (their first token is the wait they
+/// cause), while a long prompt's chunks would otherwise add to every decode gap for many steps.
+pub(super) fn plan_step(seqs: &[SeqState], limits: &StepLimits, cost: &StepCost) -> Vec<Option<Work>> {
+    let chunk = limits.chunk.max(1);
+    let mut plan: Vec<Option<Work>> = seqs.iter().map(|s| (s.prefill_left == 0).then_some(Work::Decode)).collect();
+    let decode = seqs.iter().filter(|s| s.prefill_left == 0).fold(StepShape::default(), |acc, s| acc.plus(StepShape::chunk(s.kv_len, 1)));
+    let mut room = limits.budget.saturating_sub(decode.rows);
+    let has_long = seqs.iter().any(|s| s.prefill_left > 0 && s.is_long(chunk));
+    let reserve = if has_long { limits.min_prefill_chunk.max(1).min(room) } else { 0 };
+    // The rows planned beyond the decode rows.
+    let mut prefill = StepShape::default();
+
+    for (slot, s) in plan.iter_mut().zip(seqs) {
+        if s.prefill_left == 0 || s.is_long(chunk) {
             continue;
         }
-        let rows = left.min(chunk.max(1)).min(room);
+        let rows = s.prefill_left.min(chunk).min(room - reserve);
+        if rows == 0 {
+            break;
+        }
         room -= rows;
-        *slot = Some(Work::Prefill { rows, last: rows == left });
+        prefill = prefill.plus(StepShape::chunk(s.kv_len, rows));
+        *slot = Some(Work::Prefill { rows, last: rows == s.prefill_left });
+    }
+
+    // What the prefill rows may cost: (slowdown - 1) x the decode rows' step. The decode step
+    // is measured (decode-only steps), the prefill rows' cost predicted by the fitted model;
+    // short prompts already planned count against it.
+    let allowance = (decode.rows > 0 && limits.max_decode_slowdown > 0.0)
+        .then(|| (limits.max_decode_slowdown - 1.0).max(0.0) * cost.decode_step(decode));
+    let mut first_long = true;
+    for (slot, s) in plan.iter_mut().zip(seqs) {
+        if s.prefill_left == 0 || !s.is_long(chunk) {
+            continue;
+        }
+        let most = s.prefill_left.min(chunk).min(room);
+        let least = if first_long { limits.min_prefill_chunk.max(1).min(most) } else { 0 };
+        first_long = false;
+        let rows = match allowance {
+            None => most,
+            // The largest chunk whose rows stay within the allowance (cost grows with rows).
+            Some(allowance) => (least + 1..=most)
+                .take_while(|&r| cost.predict(prefill.plus(StepShape::chunk(s.kv_len, r))) <= allowance)
+                .last()
+                .unwrap_or(least),
+        };
+        if rows == 0 {
+            continue;
+        }
+        room -= rows;
+        prefill = prefill.plus(StepShape::chunk(s.kv_len, rows));
+        *slot = Some(Work::Prefill { rows, last: rows == s.prefill_left });
     }
     plan
 }
@@ -75,6 +168,8 @@ struct Worker<'a> {
     /// request (the front of the queue).
     preempted: VecDeque<Seq>,
     next_arrival: u64,
+    /// Learned step cost, for cutting long prefills while sequences decode.
+    cost: StepCost,
 }
 
 /// What admission took for this step: a queued request with its blocks, or a preempted
@@ -85,7 +180,9 @@ enum Admitted {
 }
 
 pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>) {
-    let mut w = Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0 };
+    let hp = &inner.model.hp;
+    let kv_per_row = StepCost::kv_per_row_of_shape(inner.info.parameter_count, hp.n_layer, hp.n_head, hp.head_dim);
+    let mut w = Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0, cost: StepCost::new(kv_per_row) };
     let c = &inner.counters;
     loop {
         let admitted = {
@@ -117,7 +214,7 @@ pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>) {
         }
         w.make_room();
         if !w.active.is_empty() {
-            step(inner, &mut w.active, &mut w.kv);
+            step(inner, &mut w.active, &mut w.kv, &mut w.cost);
         }
         publish_kv(c, &w.kv);
     }
@@ -267,13 +364,18 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 
 /// One engine step: plan the batch, one forward pass, sample for every sequence whose rows
 /// end in a token to predict; finished sequences leave `active` (order kept: oldest first).
-fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
+fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cost: &mut StepCost) {
     let c = &inner.counters;
-    let prefill_left: Vec<usize> = active.iter().map(Seq::prefill_left).collect();
-    let plan = plan_step(&prefill_left, inner.cfg.max_batch_tokens.max(1), inner.cfg.prefill_batch);
+    let states: Vec<SeqState> = active.iter().map(Seq::plan_state).collect();
+    let plan = plan_step(&states, &StepLimits::of(&inner.cfg), cost);
     let rows: usize = plan.iter().flatten().map(|w| w.rows()).sum();
     let seqs = plan.iter().flatten().count();
     c.observe_batch(rows, seqs);
+    let shape = states
+        .iter()
+        .zip(&plan)
+        .filter_map(|(s, w)| w.map(|w| StepShape::chunk(s.kv_len, w.rows())))
+        .fold(StepShape::default(), StepShape::plus);
 
     let t0 = Instant::now();
     let result = {
@@ -291,6 +393,20 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
         inner.model.forward_batch_in(kv.as_mut().map(BlockManager::pool_mut), &mut batch)
     };
     let elapsed = t0.elapsed();
+    if result.is_ok() {
+        let predicted = cost.predict(shape);
+        let decode_only = plan.iter().flatten().all(|w| matches!(w, Work::Decode));
+        cost.observe(shape, decode_only, elapsed.as_secs_f64());
+        tracing::trace!(
+            rows = shape.rows,
+            attended = shape.attended,
+            predicted_ms = predicted * 1e3,
+            measured_ms = elapsed.as_secs_f64() * 1e3,
+            ?plan,
+            ?states,
+            "step"
+        );
+    }
 
     let mut finished = vec![false; active.len()];
     match result {
@@ -335,28 +451,130 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{plan_step, Work};
+    use super::{plan_step, SeqState, StepCost, StepLimits, Work};
+
+    fn decoding(kv_len: usize) -> SeqState {
+        SeqState { prefill_left: 0, prefill_rows: 0, kv_len }
+    }
+
+    fn prompt(len: usize, done: usize) -> SeqState {
+        SeqState { prefill_left: len - done, prefill_rows: len, kv_len: done }
+    }
+
+    fn limits(budget: usize, chunk: usize, slowdown: f64, min: usize) -> StepLimits {
+        StepLimits { budget, chunk, max_decode_slowdown: slowdown, min_prefill_chunk: min }
+    }
+
+    fn rows(plan: &[Option<Work>]) -> usize {
+        plan.iter().flatten().map(|w| w.rows()).sum()
+    }
+
+    /// Cost per row only: a step of r rows costs r ms.
+    fn per_row() -> StepCost {
+        StepCost::fixed(1e-3, 0.0)
+    }
 
     #[test]
     fn every_decoding_sequence_gets_a_row_and_prefills_fill_the_budget() {
-        // Two decoding, a 3000-token prompt, a 10-token prompt; budget 64, chunk 48.
-        let plan = plan_step(&[0, 3000, 0, 10], 64, 48);
+        // Two decoding, a 3000-token prompt, a 10-token prompt; budget 64, chunk 48, no limit.
+        let plan = plan_step(&[decoding(5), prompt(3000, 0), decoding(9), prompt(10, 0)], &limits(64, 48, 0.0, 1), &per_row());
         assert_eq!(plan[0], Some(Work::Decode));
         assert_eq!(plan[2], Some(Work::Decode));
-        assert_eq!(plan[1], Some(Work::Prefill { rows: 48, last: false }));
+        // The short prompt goes first, the long one gets what is left.
         assert_eq!(plan[3], Some(Work::Prefill { rows: 10, last: true }));
-        let rows: usize = plan.iter().flatten().map(|w| w.rows()).sum();
-        assert_eq!(rows, 60);
+        assert_eq!(plan[1], Some(Work::Prefill { rows: 48, last: false }));
+        assert_eq!(rows(&plan), 60);
     }
 
     #[test]
     fn a_long_prompt_gets_what_is_left_and_later_prompts_wait() {
-        let plan = plan_step(&[0, 0, 0, 500, 20], 16, 512);
+        let plan =
+            plan_step(&[decoding(1), decoding(1), decoding(1), prompt(600, 0), prompt(700, 0)], &limits(16, 512, 0.0, 1), &per_row());
         assert_eq!(plan[3], Some(Work::Prefill { rows: 13, last: false }));
         assert_eq!(plan[4], None);
-        // Decode rows are never cut, even past the budget.
-        let plan = plan_step(&[0, 0, 0, 7], 2, 512);
+        // Decode rows are never cut, even past the budget; the long prompt's minimum chunk
+        // only comes out of the budget's room.
+        let plan = plan_step(&[decoding(1), decoding(1), decoding(1), prompt(7, 0)], &limits(2, 512, 0.0, 1), &per_row());
         assert_eq!(plan.iter().flatten().count(), 3);
         assert_eq!(plan[3], None);
+    }
+
+    #[test]
+    fn while_streams_decode_a_long_chunk_keeps_the_step_within_the_slowdown() {
+        // 4 decoding rows cost 4 ms; slowdown 2 leaves 4 ms: 4 rows of the long prompt.
+        let seqs = [decoding(40), decoding(41), decoding(42), decoding(43), prompt(3000, 0)];
+        let plan = plan_step(&seqs, &limits(64, 64, 2.0, 1), &per_row());
+        assert_eq!(plan[4], Some(Work::Prefill { rows: 4, last: false }));
+        // Slowdown 3: 8 rows.
+        let plan = plan_step(&seqs, &limits(64, 64, 3.0, 1), &per_row());
+        assert_eq!(plan[4], Some(Work::Prefill { rows: 8, last: false }));
+        // Off: the whole chunk.
+        let plan = plan_step(&seqs, &limits(64, 64, 0.0, 1), &per_row());
+        assert_eq!(plan[4], Some(Work::Prefill { rows: 60, last: false }));
+    }
+
+    #[test]
+    fn the_chunk_shrinks_as_the_long_prompt_attends_to_more_positions() {
+        // 1 ms per row, 1 µs per attended position.
+        let cost = StepCost::fixed(1e-3, 1e-6);
+        let seqs_at = |done| [decoding(10), decoding(10), decoding(10), decoding(10), prompt(3000, done)];
+        let l = limits(64, 64, 2.0, 1);
+        // Decode alone: 4 + 0.044 ms; the limit leaves ~4 ms.
+        let early = plan_step(&seqs_at(0), &l, &cost)[4].unwrap().rows();
+        // At position 2000 each row also attends to 2000 positions (2 ms).
+        let late = plan_step(&seqs_at(2000), &l, &cost)[4].unwrap().rows();
+        assert_eq!(early, 4);
+        assert_eq!(late, 1);
+        // Every chosen plan is within the limit, and one more row would not be.
+        for done in [0, 500, 1000, 2000, 2900] {
+            let seqs = seqs_at(done);
+            let r = plan_step(&seqs, &l, &cost)[4].unwrap().rows();
+            let decode = (0..4).fold(super::StepShape::default(), |s, _| s.plus(super::StepShape::chunk(10, 1)));
+            let with = |r| cost.predict(decode.plus(super::StepShape::chunk(done, r)));
+            assert!(with(r) <= 2.0 * cost.predict(decode) || r == 1, "done {done}: {r} rows");
+            assert!(with(r + 1) > 2.0 * cost.predict(decode), "done {done}: {r} rows is not the most");
+        }
+    }
+
+    #[test]
+    fn the_minimum_chunk_keeps_a_long_prompt_moving() {
+        // One decoding row costs 1 ms; a row of the long prompt at position 2500 costs 3.5 ms:
+        // nothing fits under slowdown 2, the minimum chunk goes anyway.
+        let cost = StepCost::fixed(1e-3, 1e-6);
+        let seqs = [decoding(10), prompt(3000, 2500)];
+        assert_eq!(plan_step(&seqs, &limits(64, 64, 2.0, 1), &cost)[1], Some(Work::Prefill { rows: 1, last: false }));
+        assert_eq!(plan_step(&seqs, &limits(64, 64, 2.0, 8), &cost)[1], Some(Work::Prefill { rows: 8, last: false }));
+        // Only the oldest long prompt gets the minimum; a second one waits.
+        let seqs = [decoding(10), prompt(3000, 2500), prompt(2000, 1500)];
+        let plan = plan_step(&seqs, &limits(64, 64, 2.0, 1), &cost);
+        assert_eq!(plan[1], Some(Work::Prefill { rows: 1, last: false }));
+        assert_eq!(plan[2], None);
+    }
+
+    #[test]
+    fn short_prompts_are_not_cut_and_go_before_an_older_long_one() {
+        // 4 decoding; an older 3000-token prompt, then 16-token prompts arriving behind it.
+        let seqs = [decoding(1), decoding(1), decoding(1), decoding(1), prompt(3000, 640), prompt(16, 0), prompt(16, 0)];
+        let plan = plan_step(&seqs, &limits(64, 64, 2.0, 1), &per_row());
+        assert_eq!(plan[5], Some(Work::Prefill { rows: 16, last: true }));
+        assert_eq!(plan[6], Some(Work::Prefill { rows: 16, last: true }));
+        // The short ones already cost past the limit: the long prompt gets its minimum.
+        assert_eq!(plan[4], Some(Work::Prefill { rows: 1, last: false }));
+        // With no room left for short prompts, the long prompt's minimum is kept back for it.
+        let seqs = [decoding(1), decoding(1), decoding(1), prompt(3000, 0), prompt(16, 0), prompt(16, 0)];
+        let plan = plan_step(&seqs, &limits(20, 64, 2.0, 1), &per_row());
+        assert_eq!(plan[4], Some(Work::Prefill { rows: 16, last: true }));
+        assert_eq!(plan[5], None, "the second short prompt waits: no overtaking within the short ones' room");
+        assert_eq!(plan[3], Some(Work::Prefill { rows: 1, last: false }));
+        assert_eq!(rows(&plan), 20);
+    }
+
+    #[test]
+    fn with_nothing_decoding_a_long_prompt_takes_the_full_budget() {
+        let plan = plan_step(&[prompt(3000, 0)], &limits(64, 64, 2.0, 1), &per_row());
+        assert_eq!(plan[0], Some(Work::Prefill { rows: 64, last: false }));
+        // Its last chunk is still long work (the prompt was long): cut while others decode.
+        let plan = plan_step(&[decoding(3), prompt(3000, 2990)], &limits(64, 64, 2.0, 1), &per_row());
+        assert_eq!(plan[1], Some(Work::Prefill { rows: 1, last: false }));
     }
 }

@@ -27,6 +27,9 @@ pub(super) struct Seq {
     /// Tokens of `history` to prefill before sampling: the prompt, or after a preemption the
     /// prompt and the tokens generated so far.
     prefill_target: usize,
+    /// Tokens this prefill computes in all (`prefill_target` less the cached prefix it started
+    /// from): the planner treats more than one chunk as a long prefill.
+    prefill_rows: usize,
     /// Positions this sequence may ever store (the context, or a contiguous cache's size).
     position_limit: usize,
     /// Prompt tokens whose KV came from the prefix cache.
@@ -76,6 +79,7 @@ impl Seq {
         Ok(Seq {
             history: job.req.prompt().to_vec(),
             prefill_target: job.req.prompt().len(),
+            prefill_rows: job.req.prompt().len() - cached_tokens,
             position_limit,
             arrival,
             job,
@@ -99,6 +103,11 @@ impl Seq {
         self.prefill_target - self.prefill_pos
     }
 
+    /// What the step planner needs to know of this sequence.
+    pub(super) fn plan_state(&self) -> super::scheduler::SeqState {
+        super::scheduler::SeqState { prefill_left: self.prefill_left(), prefill_rows: self.prefill_rows, kv_len: self.cache.len }
+    }
+
     /// Whether the next step needs a position beyond the cache's blocks (a decoding sequence
     /// whose last block is full; prefills run inside the blocks taken on activation).
     pub(super) fn needs_block(&self) -> bool {
@@ -113,6 +122,7 @@ impl Seq {
         kv.release_cache(&mut self.cache);
         self.prefill_pos = 0;
         self.prefill_target = 0;
+        self.prefill_rows = 0;
         c.preemptions.fetch_add(1, Ordering::Relaxed);
         c.active.fetch_sub(1, Ordering::SeqCst);
         c.queued.fetch_add(1, Ordering::SeqCst);
@@ -129,6 +139,7 @@ impl Seq {
         self.cache = a.cache;
         self.prefill_pos = a.cached_tokens;
         self.prefill_target = self.history.len();
+        self.prefill_rows = self.history.len() - a.cached_tokens;
         c.queued.fetch_sub(1, Ordering::SeqCst);
         c.active.fetch_add(1, Ordering::SeqCst);
     }

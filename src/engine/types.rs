@@ -40,11 +40,25 @@ pub struct EngineConfig {
     /// The largest prompt chunk one sequence prefills in one step.
     pub prefill_batch: usize,
     /// Token budget of one engine step (continuous batching): one decode row per decoding
-    /// sequence, then prefill chunks up to this many rows in all. Smaller keeps decoding
-    /// streams smooth while long prompts prefill; larger prefills faster. 0 = the backend's
+    /// sequence, then prefill chunks up to this many rows in all. It bounds the decode gap
+    /// while short prompts prefill (long ones are also cut by `max_decode_slowdown`); larger
+    /// prefills bursts of prompts in fewer steps. 0 = the backend's
     /// default ([`default_max_batch_tokens`]), resolved when the engine loads.
     #[serde(default)]
     pub max_batch_tokens: usize,
+    /// While sequences decode, how much slower a step may become because it also prefills a
+    /// long prompt (one longer than `prefill_batch`): that prompt's chunk is cut so the
+    /// step's predicted time stays within this factor of the decode rows' alone (a cost model
+    /// learned online from measured step times). 2.0 = the decoding streams' inter-token gap
+    /// at most doubles while a long prompt prefills, which gets the other half of the
+    /// machine. Short prompts are not cut (they end in one step; their time to first token
+    /// matters). 0 = off: prefill chunks fill `max_batch_tokens`. Values in (0, 1) are refused.
+    #[serde(default = "default_max_decode_slowdown")]
+    pub max_decode_slowdown: f64,
+    /// Rows the oldest long prompt prefills in every step even when `max_decode_slowdown`
+    /// leaves none, so it always progresses.
+    #[serde(default = "default_min_prefill_chunk")]
+    pub min_prefill_chunk: usize,
     /// Bytes of the paged KV cache pool (backends with paged KV: CPU); 0 = enough for
     /// max_active_sequences sequences of the full context. Requests wait for free blocks;
     /// unreferenced prefix-cache blocks are evicted when blocks run out. Models with
@@ -68,10 +82,20 @@ impl Default for EngineConfig {
             context_length: 4096,
             prefill_batch: 64,
             max_batch_tokens: 0,
+            max_decode_slowdown: default_max_decode_slowdown(),
+            min_prefill_chunk: default_min_prefill_chunk(),
             kv_cache_bytes: 0,
             kernel_timing: KernelTimingConfig::default(),
         }
     }
+}
+
+fn default_max_decode_slowdown() -> f64 {
+    2.0
+}
+
+fn default_min_prefill_chunk() -> usize {
+    1
 }
 
 /// The step budget when `engine.max_batch_tokens` is 0, by backend.
