@@ -107,7 +107,7 @@ fn decoding_streams_get_a_token_every_step_while_a_long_prompt_prefills() {
 
 #[test]
 fn with_the_learned_limit_a_long_prompt_is_chunked_and_still_bit_identical() {
-    // The default slowdown (2): the chunk sizes depend on measured step times, the results must
+    // The default slowdown (3): the chunk sizes depend on measured step times, the results must
     // not, and a chunk is never larger than the budget's room.
     let dir = tempfile::tempdir().unwrap();
     let path = common::synth(dir.path(), "llama", "q4_1");

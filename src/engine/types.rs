@@ -49,9 +49,10 @@ pub struct EngineConfig {
     /// While sequences decode, how much slower a step may become because it also prefills a
     /// long prompt (one longer than `prefill_batch`): that prompt's chunk is cut so the
     /// step's predicted time stays within this factor of the decode rows' alone (a cost model
-    /// learned online from measured step times). 2.0 = the decoding streams' inter-token gap
-    /// at most doubles while a long prompt prefills, which gets the other half of the
-    /// machine. Short prompts are not cut (they end in one step; their time to first token
+    /// learned online from measured step times). 3.0 (the default) = the decoding streams'
+    /// inter-token gap at most triples while a long prompt prefills, which gets the other two
+    /// thirds of the machine (2.0 measured 2.6x the long prompt's time to first token of 3.0
+    /// for a similar inter-token p99: docs/PERF.md). Short prompts are not cut (they end in one step; their time to first token
     /// matters). 0 = off: prefill chunks fill `max_batch_tokens`. Values in (0, 1) are refused.
     #[serde(default = "default_max_decode_slowdown")]
     pub max_decode_slowdown: f64,
@@ -91,7 +92,7 @@ impl Default for EngineConfig {
 }
 
 fn default_max_decode_slowdown() -> f64 {
-    2.0
+    3.0
 }
 
 fn default_min_prefill_chunk() -> usize {
