@@ -213,8 +213,8 @@ pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, 
 
 /// out[r] = `vec_dot(weight, row r of w_rows, act_row, n)` for the `out.len()` consecutive
 /// weight rows in `w_rows` (a matrix-vector product over a row range, as decode runs it), bit
-/// for bit; one length check for the whole range. Prefetches the rows `PREFETCH_ROWS` ahead,
-/// past the range's end too (the rest of the matrix, read next).
+/// for bit; one length check for the whole range. Prefetches `simd::PREFETCH_BYTES` (whole rows)
+/// ahead, past the range's end too (the rest of the matrix, read next).
 pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, out: &mut [f32]) {
     let row_bytes = weight.row_bytes(n).unwrap_or(0);
     assert!(w_rows.len() == out.len() * row_bytes, "vec_dot_rows({weight}, n={n}): {} bytes for {} rows", w_rows.len(), out.len());
@@ -226,7 +226,7 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
         return simd::dot_q4_1_rows(w_rows, row_bytes, act_row, n / legacy::QK, out);
     }
     let level = simd::level();
-    let ahead = simd::PREFETCH_ROWS * row_bytes;
+    let ahead = simd::prefetch_ahead(row_bytes);
     for (o, w) in out.iter_mut().zip(w_rows.chunks_exact(row_bytes)) {
         simd::prefetch(w.as_ptr().wrapping_add(ahead), row_bytes);
         *o = simd::dot_at(level, weight, w, act_row, n);
