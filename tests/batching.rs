@@ -6,11 +6,11 @@
 mod common;
 
 use civetta::backend;
-use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams, SubmitError};
+use civetta::engine::{Engine, EngineConfig, GenerationEvent, SubmitError};
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
 use std::path::Path;
 
-use common::{argmax, bits, prompt};
+use common::{argmax, bits, greedy_request as request, prompt};
 
 /// The solo run: the whole prompt in one call, then one decode call per token (greedy).
 /// Returns the logits each sampled token was taken from.
@@ -140,17 +140,6 @@ fn engine(path: &Path, max_active: usize, max_queue: usize) -> Engine {
         ..EngineConfig::default()
     })
     .unwrap()
-}
-
-fn request(tokens: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt: PromptInput::Tokens(tokens),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-        top_logprobs: 0,
-    }
 }
 
 fn collect_tokens(stream: &mut civetta::engine::GenerationStream) -> Vec<u32> {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, GenerationStream, PromptInput, SamplingParams};
+use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, GenerationStream};
 use std::path::Path;
 
 const VOCAB: usize = 640;
@@ -33,15 +33,9 @@ fn engine(path: &Path, max_decode_slowdown: f64) -> Engine {
     .unwrap()
 }
 
+/// A greedy request that also returns the top 5 alternatives (compared bit for bit).
 fn request(tokens: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt: PromptInput::Tokens(tokens),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-        top_logprobs: 5,
-    }
+    GenerationRequest { top_logprobs: 5, ..common::greedy_request(tokens, max_tokens) }
 }
 
 /// (id, logprob bits, alternatives' ids and logprob bits) of one token event.

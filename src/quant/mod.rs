@@ -237,7 +237,8 @@ pub fn vec_dot_rows(weight: GgmlType, w_rows: &[u8], act_row: &[u8], n: usize, o
 /// consecutive weight rows in `w_rows` against T activation rows, bit for bit, through the
 /// 1 x T (2 x T where `simd::pairs_weight_rows`) tile kernels (the prefill GEMM's and batched
 /// decode's inner step: each weight block unpacked once per T dots); one length check for the whole range, weight rows prefetched
-/// `PREFETCH_ROWS` ahead like `vec_dot_rows`. Call only where `has_dot_tile(weight)`.
+/// `PREFETCH_ROWS` ahead (not re-measured when `vec_dot_rows` moved to a distance in bytes).
+/// Call only where `has_dot_tile(weight)`.
 pub fn vec_dot_rows_tile<const T: usize>(weight: GgmlType, w_rows: &[u8], act_rows: [&[u8]; T], n: usize, out: &mut [[f32; T]]) {
     assert!(has_dot_tile(weight), "no {weight} tile kernel on this CPU");
     let row_bytes = weight.row_bytes(n).unwrap_or(0);
