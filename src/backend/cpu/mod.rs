@@ -603,7 +603,7 @@ fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// The AVX-512 form of `f16::attend_group` (src/backend/cpu_attention_avx512.rs).
 #[cfg(target_arch = "x86_64")]
-#[path = "cpu_attention_avx512.rs"]
+#[path = "../cpu_attention_avx512.rs"]
 mod attention_avx512;
 
 /// f16 helpers of the attention: the same numbers on every path (the x86 one uses F16C and
