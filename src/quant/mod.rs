@@ -15,7 +15,7 @@ mod float;
 mod k_quants;
 mod legacy;
 mod mxfp4;
-mod simd;
+pub(crate) mod simd;
 
 pub use crate::gguf::GgmlType;
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};

@@ -12,6 +12,12 @@ pub(crate) use avx2::hsum256;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+// The CPU kernels other than the dot products, next to them so that every CPU kernel picks
+// its instruction set from `level()`.
+pub(crate) mod attention;
+pub(crate) mod geglu;
+pub(crate) mod silu;
+
 /// An instruction-set level of the dot-product kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {

@@ -7,7 +7,7 @@
 //! whole accumulator (16 registers) in registers across a block of rows.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::f16::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
+use super::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).
