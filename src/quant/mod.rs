@@ -322,8 +322,8 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
     Ok(())
 }
 
-/// The kernel level in use (as `simd_level`), for other CPU kernels that choose their
-/// instruction set the same way (the attention), so CIVETTA_SIMD caps them too.
+/// The kernel level in use (as `simd_level`): every CPU kernel (quant::simd) dispatches on
+/// it, so CIVETTA_SIMD caps them all.
 pub fn kernel_level() -> SimdLevel {
     simd::level()
 }

@@ -7,15 +7,15 @@
 //! kernel (`attend_group`) has an AVX2 form (attention/avx2.rs) and an AVX-512 one
 //! (attention/avx512.rs), bit for bit the step-by-step reference `attend_row_steps`.
 
+use super::{level, SimdLevel};
 use crate::backend::KvBlocks;
 
-use once_cell::sync::Lazy;
-
-#[cfg(target_arch = "x86_64")]
-static X86: Lazy<bool> =
-    Lazy::new(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"));
-#[cfg(not(target_arch = "x86_64"))]
-static X86: Lazy<bool> = Lazy::new(|| false);
+/// Whether the 8-lane forms run: at the dot products' level (`level()`, so CIVETTA_SIMD caps
+/// this too) from AVX2 up, which includes FMA and F16C. Both forms give the same bits.
+#[inline(always)]
+fn avx2_forms() -> bool {
+    cfg!(target_arch = "x86_64") && level() >= SimdLevel::Avx2
+}
 
 fn to_f32(h: u16) -> f32 {
     half::f16::from_bits(h).to_f32()
@@ -27,10 +27,14 @@ fn round(x: f32) -> f32 {
 
 pub fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if *X86 {
-        // SAFETY: avx2/fma/f16c detected above.
+    if avx2_forms() {
+        // SAFETY: the level (Avx2 or above) has avx2/fma/f16c.
         return unsafe { avx2::f32_to_f16_row(src, dst) };
     }
+    f32_to_f16_row_portable(src, dst)
+}
+
+fn f32_to_f16_row_portable(src: &[f32], dst: &mut [u16]) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d = half::f16::from_f32(*s).to_bits();
     }
@@ -41,10 +45,14 @@ pub fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
 /// lanes; a tail past the last multiple of 64 is added in f64.
 pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if *X86 {
-        // SAFETY: avx2/fma/f16c detected above; x and y have the same length.
+    if avx2_forms() {
+        // SAFETY: the level (Avx2 or above) has avx2/fma/f16c; x and y have the same length.
         return unsafe { avx2::dot_f16(x, y) };
     }
+    dot_f16_portable(x, y)
+}
+
+fn dot_f16_portable(x: &[u16], y: &[u16]) -> f32 {
     let n = x.len();
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
@@ -77,10 +85,14 @@ pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
 /// acc = f16(acc * s) (ggml_vec_scale_f16 on an f16 accumulator).
 pub fn scale_rounded(acc: &mut [f32], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if *X86 && acc.len().is_multiple_of(8) {
-        // SAFETY: avx2/fma/f16c detected above.
+    if avx2_forms() && acc.len().is_multiple_of(8) {
+        // SAFETY: the level (Avx2 or above) has avx2/fma/f16c.
         return unsafe { avx2::scale_rounded(acc, s) };
     }
+    scale_rounded_portable(acc, s)
+}
+
+fn scale_rounded_portable(acc: &mut [f32], s: f32) {
     for a in acc.iter_mut() {
         *a = round(*a * s);
     }
@@ -89,10 +101,14 @@ pub fn scale_rounded(acc: &mut [f32], s: f32) {
 /// acc = f16(fma(v, s, acc)) (ggml_vec_mad_f16 on an f16 accumulator).
 pub fn mad_rounded(acc: &mut [f32], v: &[u16], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if *X86 && acc.len().is_multiple_of(8) {
-        // SAFETY: avx2/fma/f16c detected above; v is as long as acc.
+    if avx2_forms() && acc.len().is_multiple_of(8) {
+        // SAFETY: the level (Avx2 or above) has avx2/fma/f16c; v is as long as acc.
         return unsafe { avx2::mad_rounded(acc, v, s) };
     }
+    mad_rounded_portable(acc, v, s)
+}
+
+fn mad_rounded_portable(acc: &mut [f32], v: &[u16], s: f32) {
     for (a, h) in acc.iter_mut().zip(v) {
         *a = round(to_f32(*h).mul_add(s, *a));
     }
@@ -234,7 +250,7 @@ pub struct GroupScratch {
 /// registers within each block of rows: the heads of a group read the same K/V rows, so
 /// each block of rows is converted from f16 once for all of them. Returns false (and does
 /// nothing) where no fused kernel exists: head sizes other than 64, 128 and 256 (Gemma 3),
-/// or a kernel level below AVX2 (`quant::kernel_level`, the dot products' level).
+/// or a kernel level below AVX2 (`level()`, the dot products' level).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group(
     q: &[f32],
@@ -246,7 +262,7 @@ pub fn attend_group(
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) -> bool {
-    attend_group_at(crate::quant::kernel_level(), q, hd, k, v, rows, scale, out, scratch)
+    attend_group_at(level(), q, hd, k, v, rows, scale, out, scratch)
 }
 
 /// `attend_group` with the kernels of an explicit level (for the tests): AVX-512 (the
@@ -254,7 +270,7 @@ pub fn attend_group(
 /// the CPU lacks the level.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group_at(
-    level: crate::quant::SimdLevel,
+    level: SimdLevel,
     q: &[f32],
     hd: usize,
     k: &[u16],
@@ -264,8 +280,6 @@ pub fn attend_group_at(
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    use crate::quant::SimdLevel;
     #[cfg(target_arch = "x86_64")]
     if level >= SimdLevel::Avx2
         && level.available()
@@ -304,8 +318,53 @@ mod avx512;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX2 f16 primitives and the portable ones give the same bits (CIVETTA_SIMD=scalar
+    /// runs the portable ones), for lengths with and without tails past multiples of 8 and
+    /// 64, values that overflow or underflow f16 and rounding midpoints.
     #[cfg(target_arch = "x86_64")]
-    use crate::quant::SimdLevel;
+    #[test]
+    fn f16_primitives_avx2_and_portable_agree_bit_for_bit() {
+        if !SimdLevel::Avx2.available() {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        let specials = [70000.0, -70000.0, 65504.0, 65520.0, 1e-6, -3e-8, 1e-9, 0.0, -0.0, 1.0 + 1.0 / 2048.0, 2049.0, f32::INFINITY];
+        for n in [1usize, 7, 8, 9, 16, 63, 64, 65, 128, 200, 256] {
+            let mut x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            for (i, v) in specials.iter().enumerate().filter(|(i, _)| *i < n) {
+                x[(i * 7) % n] = *v;
+            }
+            let y: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let (mut a, mut b) = (vec![0u16; n], vec![0u16; n]);
+            // SAFETY (every avx2:: call): avx2/fma/f16c available; the slices have length n.
+            unsafe { avx2::f32_to_f16_row(&x, &mut a) };
+            f32_to_f16_row_portable(&x, &mut b);
+            assert_eq!(a, b, "f32_to_f16_row, n = {n}");
+            let mut yh = vec![0u16; n];
+            f32_to_f16_row_portable(&y, &mut yh);
+            let xh: Vec<u16> = a.iter().map(|&h| if half::f16::from_bits(h).is_finite() { h } else { 0x3c00 }).collect();
+            let (d1, d2) = (unsafe { avx2::dot_f16(&xh, &yh) }, dot_f16_portable(&xh, &yh));
+            assert_eq!(d1.to_bits(), d2.to_bits(), "dot_f16, n = {n}: {d1} vs {d2}");
+            if n.is_multiple_of(8) {
+                for s in [0.37f32, 1.0, 3.5e-3] {
+                    let (mut p, mut q) = (y.clone(), y.clone());
+                    unsafe { avx2::scale_rounded(&mut p, s) };
+                    scale_rounded_portable(&mut q, s);
+                    assert_eq!(p.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), q.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    unsafe { avx2::mad_rounded(&mut p, &xh, s) };
+                    mad_rounded_portable(&mut q, &xh, s);
+                    assert_eq!(p.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), q.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
+            }
+        }
+    }
 
     fn contiguous(stride: usize, rows: usize) -> KvRows<'static> {
         KvRows { blocks: KvBlocks::CONTIGUOUS, first: 0, count: rows, stride }

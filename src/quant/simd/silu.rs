@@ -1,7 +1,11 @@
-/// ggml's vectorised SiLU: x / (1 + v_expf(-x)), v_expf being its AVX-512 port of the Arm
-/// optimized-routines expf (range reduction by n = round(x / ln 2), degree-5 polynomial,
-/// scalef). Written here from the algorithm, element by element with fused multiply-adds, so
-/// the portable and AVX-512 paths give identical bits.
+//! SwiGLU (silu(gate) * up, the FFN activation of Llama-family models) with ggml's vectorised
+//! SiLU: x / (1 + v_expf(-x)), v_expf being its AVX-512 port of the Arm optimized-routines
+//! expf (range reduction by n = round(x / ln 2), degree-5 polynomial, scalef). Written here
+//! from the algorithm, element by element with fused multiply-adds, so the portable, AVX2 and
+//! AVX-512 paths give identical bits.
+
+#[cfg(target_arch = "x86_64")]
+use super::{level, SimdLevel};
 
 const R: f32 = 12582912.0; // 0x1.8p23
 const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
@@ -13,7 +17,7 @@ const C3: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
 const C2: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
 const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
 
-pub(super) fn v_expf(x: f32) -> f32 {
+fn v_expf(x: f32) -> f32 {
     let z = x.mul_add(LOG2E, R);
     let n = z - R;
     let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
@@ -31,15 +35,15 @@ fn scalef(j: f32, n: f32) -> f32 {
 }
 
 pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    // The dot products' level (`level()`, capped by CIVETTA_SIMD); all three paths give the
+    // same bits.
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
-        // SAFETY: avx512f detected.
-        return unsafe { swiglu_avx512(g, u) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: avx2 and fma detected.
-        return unsafe { swiglu_avx2(g, u) };
+    match level() {
+        // SAFETY: the level has avx512f.
+        SimdLevel::Avx512Vnni => return unsafe { swiglu_avx512(g, u) },
+        // SAFETY: the level has avx2 and fma.
+        SimdLevel::Avx2 => return unsafe { swiglu_avx2(g, u) },
+        SimdLevel::Scalar => {}
     }
     swiglu_scalar(g, u);
 }
@@ -124,6 +128,9 @@ unsafe fn swiglu_avx2(g: &mut [f32], u: &[f32]) {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "x86_64")]
+    use crate::quant::SimdLevel;
+
     /// Inputs across the whole range: the polynomial's domain, subnormal exp(-x), the
     /// out-of-range chunks (|x| > 87) and the infinities.
     fn inputs() -> (Vec<f32>, Vec<f32>) {
@@ -144,12 +151,12 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_and_portable_agree_bit_for_bit() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !SimdLevel::Avx2.available() {
             return;
         }
         let (x, u) = inputs();
         let mut a = x.clone();
-        // SAFETY: avx2 and fma detected.
+        // SAFETY: the Avx2 level has avx2 and fma.
         unsafe { super::swiglu_avx2(&mut a, &u) };
         assert_matches_portable(&x, &u, &a);
     }
@@ -164,12 +171,12 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_and_portable_agree_bit_for_bit() {
-        if !is_x86_feature_detected!("avx512f") {
+        if !SimdLevel::Avx512Vnni.available() {
             return;
         }
         let (x, u) = inputs();
         let mut a = x.clone();
-        // SAFETY: avx512f detected.
+        // SAFETY: the Avx512Vnni level has avx512f.
         unsafe { super::swiglu_avx512(&mut a, &u) };
         assert_matches_portable(&x, &u, &a);
     }
