@@ -1,5 +1,5 @@
-//! The AVX-512 form of the CPU attention's fused GQA-group kernel (`f16::attend_group`), bit
-//! for bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
+//! The AVX-512 form of the CPU attention's fused GQA-group kernel (`attend_group`), bit for
+//! bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
 //! AVX2 kernel keeps in two 8-lane ones (dot_f16's four 16-lane accumulators are exactly
 //! ggml's AVX-512 layout), and every per-element operation is the same (F16C rounding of q
 //! and of the accumulator, FMA, the same lane reduction). Why: half the instructions per
