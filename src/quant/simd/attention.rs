@@ -12,9 +12,10 @@ use crate::backend::KvBlocks;
 
 /// Whether the 8-lane forms run: at the dot products' level (`level()`, so CIVETTA_SIMD caps
 /// this too) from AVX2 up, which includes FMA and F16C. Both forms give the same bits.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn avx2_forms() -> bool {
-    cfg!(target_arch = "x86_64") && level() >= SimdLevel::Avx2
+    level() >= SimdLevel::Avx2
 }
 
 fn to_f32(h: u16) -> f32 {
