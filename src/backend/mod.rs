@@ -5,8 +5,6 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
-pub mod cpu_topology;
-pub mod geglu;
 pub mod gpu;
 
 use crate::gguf::{GgmlType, GgufFile};
@@ -278,12 +276,12 @@ pub trait Backend: Send + Sync {
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it
-    /// (`geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
+    /// (`quant::simd::geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
     fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
         let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
         self.read(gate, 0, &mut g);
         self.read(up, 0, &mut u);
-        geglu::geglu_ggml(&mut g, &u);
+        crate::quant::simd::geglu::geglu_ggml(&mut g, &u);
         self.write(gate, 0, &g);
     }
     /// x *= s over n elements (Gemma's embedding scale). The default goes through host memory.

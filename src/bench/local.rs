@@ -57,7 +57,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         bail!("the model's context ({}) is shorter than the benchmark needs ({need_ctx})", engine.context_length());
     }
     let ids = filler_tokens(&engine, need_ctx);
-    let placement = crate::backend::cpu_topology::CpuPlacement::detect();
+    let placement = crate::backend::cpu::topology::CpuPlacement::detect();
     let threads = placement.threads(plan.threads);
     if engine.model().backend().name() == "cpu" {
         eprintln!("civetta bench: cpu backend, {}", placement.describe(threads));

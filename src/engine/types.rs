@@ -27,7 +27,7 @@ pub struct EngineConfig {
     /// Options of the GPU backends (kernel folder, device, weight placement).
     #[serde(default)]
     pub gpu: crate::backend::gpu::GpuOptions,
-    /// CPU threads; 0 = one per physical core (backend::cpu_topology).
+    /// CPU threads; 0 = one per physical core (backend::cpu::topology).
     pub threads: usize,
     /// Sequences decoded concurrently.
     pub max_active_sequences: usize,

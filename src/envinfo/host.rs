@@ -144,33 +144,11 @@ fn cpu_fields(p: &Probe) -> Vec<Field> {
     out
 }
 
-/// The SIMD level the CPU backend dispatches to, detected at run time on this CPU (not read
-/// from the fixture tree: it describes the running process). AMX is never reported.
+/// The SIMD level the CPU kernels dispatch to (`quant::simd::level`: detected at run time on
+/// this CPU, capped by CIVETTA_SIMD), so the fingerprint names the kernels that ran; not read
+/// from the fixture tree: it describes the running process. AMX is never used or reported.
 fn simd_field() -> Field {
-    // TODO(quant): use `crate::quant::simd_level()` once src/quant exports it, so this always
-    // names what the CPU backend actually dispatches to.
-    Field::new("cpu.simd", local_simd_level(), "runtime: is_x86_feature_detected")
-}
-
-fn local_simd_level() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") {
-            return if is_x86_feature_detected!("avx512vnni") { "avx512vnni" } else { "avx512" };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return "avx2";
-        }
-        "scalar"
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        "neon"
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        "scalar"
-    }
+    Field::new("cpu.simd", crate::quant::simd_level(), "runtime: quant::simd::level (CIVETTA_SIMD caps it)")
 }
 
 fn memory_field(p: &Probe) -> Field {

@@ -20,7 +20,7 @@
 //! | `host.governor`, `host.energy_perf_preference`, `host.cpufreq_driver` | /sys/devices/system/cpu/cpu0/cpufreq/{scaling_governor,energy_performance_preference,scaling_driver} |
 //! | `host.power_profile` | /sys/firmware/acpi/platform_profile |
 //! | `host.thp`, `host.thp_defrag` | /sys/kernel/mm/transparent_hugepage/{enabled,defrag} (the `[selected]` choice) |
-//! | `cpu.model`, `cpu.logical_cpus`, `cpu.cores`, `cpu.simd` | /proc/cpuinfo; the SIMD level detected at run time |
+//! | `cpu.model`, `cpu.logical_cpus`, `cpu.cores`, `cpu.simd` | /proc/cpuinfo; the SIMD level the CPU kernels run (`quant::simd::level`, capped by CIVETTA_SIMD) |
 //! | `iommu.hardware`, `iommu.group_count`, `iommu.domain_types`, `iommu.cmdline`, `iommu.mode`, `iommu.evidence` | see `iommu.rs` for the precedence |
 //! | `container.type`, `container.evidence`, `container.{engine,name,id,rootless}`, `container.image`, `container.image_{revision,version,created}`, `container.label.<name>` | see `container.rs` |
 //! | `civetta.{version,git_sha,rustc}`, `toolchain.kernel_compiler`, `toolchain.hip_runtime`, `toolchain.rocm_installed`, `toolchain.backend` | build provenance, compiler.txt, the HIP backend, /opt/rocm/.info/version |

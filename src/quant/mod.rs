@@ -15,7 +15,7 @@ mod float;
 mod k_quants;
 mod legacy;
 mod mxfp4;
-mod simd;
+pub(crate) mod simd;
 
 pub use crate::gguf::GgmlType;
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
@@ -322,8 +322,8 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) -> anyhow::Result<
     Ok(())
 }
 
-/// The kernel level in use (as `simd_level`), for other CPU kernels that choose their
-/// instruction set the same way (the attention), so CIVETTA_SIMD caps them too.
+/// The kernel level in use (as `simd_level`): every CPU kernel (quant::simd) dispatches on
+/// it, so CIVETTA_SIMD caps them all.
 pub fn kernel_level() -> SimdLevel {
     simd::level()
 }

@@ -1,5 +1,7 @@
-//! Run-time choice of the dot-product kernels: AVX-512 (F, BW, VL, VNNI), AVX2 + FMA + F16C,
-//! or the scalar reference code. The level is detected once and cached.
+//! The CPU kernels and the run-time choice of their instruction set: AVX-512 (F, BW, VL, VNNI),
+//! AVX2 + FMA + F16C, or the scalar reference code. The level is detected once and cached
+//! (`level`), and `SimdLevel` is the only place that asks the CPU for its features: the dot
+//! products here and the other kernels (`attention`, `silu`, `geglu`) all dispatch on it.
 
 use super::{float, k_quants, legacy, mxfp4, GgmlType};
 use once_cell::sync::Lazy;
@@ -11,6 +13,12 @@ mod avx2;
 pub(crate) use avx2::hsum256;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+
+// The CPU kernels other than the dot products, next to them so that every CPU kernel picks
+// its instruction set from `level()`.
+pub(crate) mod attention;
+pub(crate) mod geglu;
+pub(crate) mod silu;
 
 /// An instruction-set level of the dot-product kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

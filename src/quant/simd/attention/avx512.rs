@@ -1,5 +1,5 @@
-//! The AVX-512 form of the CPU attention's fused GQA-group kernel (`f16::attend_group`), bit
-//! for bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
+//! The AVX-512 form of the CPU attention's fused GQA-group kernel (`attend_group`), bit for
+//! bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
 //! AVX2 kernel keeps in two 8-lane ones (dot_f16's four 16-lane accumulators are exactly
 //! ggml's AVX-512 layout), and every per-element operation is the same (F16C rounding of q
 //! and of the accumulator, FMA, the same lane reduction). Why: half the instructions per
@@ -7,7 +7,7 @@
 //! whole accumulator (16 registers) in registers across a block of rows.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::f16::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
+use super::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).

@@ -1,5 +1,6 @@
 //! GeGLU with the tanh GELU exactly as ggml's CPU backend computes it (Gemma's FFN), shared by
-//! the CPU backend and the trait's host-memory default.
+//! the CPU backend and the trait's host-memory default. A table lookup, so one portable form
+//! (no instruction-set variants); it lives with the other CPU kernels.
 //!
 //! ggml builds with GGML_GELU_FP16: `ggml_vec_geglu_f32` looks the GELU up in a table indexed
 //! by the f16 bits of x (`ggml_table_gelu_f16[i] = f16(gelu(f16_to_f32(i)))`), so x is rounded

@@ -1,0 +1,213 @@
+//! Matmuls: the activation rows quantised once (Q8_0 / Q8_1 / Q8_K, like ggml), then the
+//! quantised dot products (`crate::quant`, tiles of one weight row x up to four activation
+//! rows where the type has them) over work items of weight rows x tokens on the pool.
+
+use super::{buf, buf_mut, weights::weight, CpuBackend};
+use crate::backend::{Buffer, Weight};
+use crate::gguf::GgmlType;
+use crate::quant;
+use rayon::prelude::*;
+
+/// Raw pointer for disjoint parallel writes into one output slice.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// A method (not field access) so closures capture the whole Send wrapper.
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the slice the pointer came from.
+        unsafe { self.0.add(i) }
+    }
+}
+
+fn matmul_kernel_name(t: GgmlType) -> &'static str {
+    match t {
+        GgmlType::F32 => "matmul_f32",
+        GgmlType::F16 => "matmul_f16",
+        GgmlType::BF16 => "matmul_bf16",
+        GgmlType::Q8_0 => "matmul_q8_0",
+        GgmlType::Q4_0 => "matmul_q4_0",
+        GgmlType::Q4_1 => "matmul_q4_1",
+        GgmlType::Q5_0 => "matmul_q5_0",
+        GgmlType::Q5_1 => "matmul_q5_1",
+        GgmlType::Q4_K => "matmul_q4_k",
+        GgmlType::Q5_K => "matmul_q5_k",
+        GgmlType::Q6_K => "matmul_q6_k",
+        GgmlType::MXFP4 => "matmul_mxfp4",
+        _ => "matmul_other",
+    }
+}
+
+/// The most weight rows of one matmul work item (a 16-row block of a 2048-wide Q4_K matrix
+/// is 18 KiB: it stays in L1 while four activation rows pass over it).
+const MAX_BLOCK_ROWS: usize = 16;
+
+/// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
+/// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
+/// least `ITEMS_PER_THREAD` items per thread, so that rayon's stealing evens out the threads
+/// (an item is then at most a quarter of a thread's share), with items as large as that
+/// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MatmulSplit {
+    block_rows: usize,
+    token_rows: usize,
+}
+
+const ITEMS_PER_THREAD: usize = 4;
+
+impl MatmulSplit {
+    fn new(weight_rows: usize, tokens: usize, threads: usize) -> MatmulSplit {
+        let want = (threads * ITEMS_PER_THREAD).max(1);
+        // Weight rows first: blocks of 16 down to 4 rows until there are `want` of them.
+        // (Rounded down to a multiple of 4: rounding up would leave fewer items than wanted.)
+        let block_rows = (weight_rows / want / 4 * 4).clamp(4, MAX_BLOCK_ROWS);
+        let blocks = weight_rows.div_ceil(block_rows).max(1);
+        // Then tokens, when the weight blocks alone are too few.
+        let chunks = want.div_ceil(blocks).min(tokens.div_ceil(4)).max(1);
+        let token_rows = if chunks == 1 { tokens.max(1) } else { (tokens / chunks / 4 * 4).max(4) };
+        MatmulSplit { block_rows, token_rows }
+    }
+}
+
+impl CpuBackend {
+    /// Weights of one type and width (q/k/v, gate/up) share one activation quantisation and
+    /// one parallel region; their row blocks are the work items of that region.
+    pub(super) fn matmul_many_cpu(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
+        let Some(first) = ws.first() else { return };
+        let (t, k) = (first.ggml_type, first.cols);
+        if ws.iter().any(|w| w.ggml_type != t || w.cols != k) {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_many_cpu(&[w], x, rows, &mut [&mut **out]);
+            }
+            return;
+        }
+        let fmt = quant::act_format(t);
+        let act_bytes = quant::act_row_bytes(fmt, k);
+        let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
+        let x = buf(x);
+        assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
+        // Work items: a block of rows of one weight x a range of activation rows (tokens),
+        // sized so that every thread gets several items of equal work (matmul_split).
+        let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+        let split = MatmulSplit::new(total_rows, rows, self.threads);
+        let block = split.block_rows;
+        let mut jobs = Vec::with_capacity(ws.len());
+        let mut blocks = 0;
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            let o = buf_mut(out);
+            assert!(o.len() >= rows * w.rows, "matmul {}: output too small", w.name);
+            jobs.push((weight(w).bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
+            blocks += w.rows.div_ceil(block);
+        }
+        let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
+        self.timed(matmul_kernel_name(t), rows, || {
+            self.pool.install(|| {
+                let mut acts = vec![0u8; act_bytes * rows];
+                let quantize = |(r, dst): (usize, &mut [u8])| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
+                if rows >= 4 {
+                    acts.par_chunks_mut(act_bytes).enumerate().for_each(quantize);
+                } else {
+                    acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
+                }
+                let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
+                // Within an item, where the type has tile kernels: one weight row by four
+                // activation rows while four are left (prefill: both sit in L1, each weight
+                // block unpacked once per four dots; for Q4_1 the activation scales read as
+                // f32, block-major), then one by the last two or three (batched decode); a
+                // single activation row (all of plain decode) as one matrix-vector call over
+                // the block's weight rows.
+                let tiles = quant::has_dot_tile(t);
+                let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
+                    let (b, chunk) = (item / tok_chunks, item % tok_chunks);
+                    let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
+                    let r0 = (b - first_block) * block;
+                    let r1 = (r0 + block).min(n);
+                    let (tok0, tok1) = (chunk * tok_chunk, ((chunk + 1) * tok_chunk).min(rows));
+                    let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
+                    let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
+                    // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
+                    let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
+                    let mut tok = tok0;
+                    if tiles {
+                        let mut tile_out = [[0f32; 4]; MAX_BLOCK_ROWS];
+                        while tok + 4 <= tok1 {
+                            let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
+                            if let Some(scales) = &q8_1_scales {
+                                for r in r0..r1 {
+                                    tile_out[r - r0] = quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k);
+                                }
+                            } else {
+                                quant::vec_dot_rows_tile(t, w_block, act4, k, &mut tile_out[..r1 - r0]);
+                            }
+                            for (i, v) in tile_out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 4;
+                        }
+                        let rest = tok1 - tok;
+                        if rest == 3 {
+                            let mut out = [[0f32; 3]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1), act(tok + 2)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 3;
+                        } else if rest == 2 {
+                            let mut out = [[0f32; 2]; MAX_BLOCK_ROWS];
+                            quant::vec_dot_rows_tile(t, w_block, [act(tok), act(tok + 1)], k, &mut out[..r1 - r0]);
+                            for (i, v) in out[..r1 - r0].iter().enumerate() {
+                                for (j, v) in v.iter().enumerate() {
+                                    store(tok + j, r0 + i, *v);
+                                }
+                            }
+                            tok += 2;
+                        }
+                    }
+                    let mut row_out = [0f32; MAX_BLOCK_ROWS];
+                    for tok in tok..tok1 {
+                        let out = &mut row_out[..r1 - r0];
+                        quant::vec_dot_rows(t, w_block, act(tok), k, out);
+                        for (i, v) in out.iter().enumerate() {
+                            store(tok, r0 + i, *v);
+                        }
+                    }
+                });
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::{MatmulSplit, MAX_BLOCK_ROWS};
+
+    #[test]
+    fn matmul_split_gives_every_thread_several_items_and_covers_everything() {
+        for threads in [1, 2, 4, 8, 16] {
+            for weight_rows in [1, 5, 64, 192, 576, 960, 3072, 32000] {
+                for tokens in [1, 2, 3, 4, 7, 64, 512] {
+                    let s = MatmulSplit::new(weight_rows, tokens, threads);
+                    assert!(s.block_rows >= 4 && s.block_rows <= MAX_BLOCK_ROWS && s.block_rows.is_multiple_of(4), "{s:?}");
+                    assert!(s.token_rows >= 1 && (s.token_rows.is_multiple_of(4) || s.token_rows >= tokens), "{s:?}");
+                    let items = weight_rows.div_ceil(s.block_rows) * tokens.div_ceil(s.token_rows);
+                    // Enough items for 4 per thread whenever the matrix can be cut that fine.
+                    let finest = weight_rows.div_ceil(4) * tokens.div_ceil(4);
+                    assert!(items >= (4 * threads).min(finest), "{threads} threads, {weight_rows} x {tokens}: {s:?} gives {items} items");
+                }
+            }
+        }
+        // Decode on 2 threads keeps 16-row blocks on large matrices; prefill on 16 threads of a
+        // SmolLM2-sized q/k/v cuts tokens too.
+        assert_eq!(MatmulSplit::new(3072, 1, 2), MatmulSplit { block_rows: 16, token_rows: 1 });
+        let s = MatmulSplit::new(960, 64, 16);
+        assert!(960usize.div_ceil(s.block_rows) * 64usize.div_ceil(s.token_rows) >= 64, "{s:?}");
+    }
+}

@@ -1,0 +1,270 @@
+//! The CPU backend: rayon threads over the CPU kernels of `crate::quant::simd` (quantised
+//! dot products, f16 attention, activations).
+//!
+//! Weights stay in the memory-mapped GGUF file (no copy); activations are f32 `Vec`s, the
+//! KV cache f16 bits. This file holds the backend, its buffers and the `Backend` trait's
+//! table of ops; each op family lives in its own file: `weights` (loading, row views,
+//! embedding), `matmul` (activation quantisation and the parallel dot products), `norm`,
+//! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
+//! `topology` picks the default thread count.
+
+use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, Weight};
+use crate::gguf::{GgmlType, GgufFile};
+use crate::kernel_registry::{self, shape_class};
+use crate::quant;
+use anyhow::Context;
+use std::sync::Arc;
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod norm;
+mod rope;
+pub mod topology;
+mod weights;
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+fn buf(b: &Buffer) -> &[f32] {
+    b.inner.downcast_ref::<Vec<f32>>().expect("CPU backend got a foreign buffer")
+}
+
+fn buf_mut(b: &mut Buffer) -> &mut [f32] {
+    b.inner.downcast_mut::<Vec<f32>>().expect("CPU backend got a foreign buffer")
+}
+
+/// The f16 bits of a K or V cache made by `alloc_kv_cache`.
+fn kv(b: &Buffer) -> &[u16] {
+    b.inner.downcast_ref::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
+}
+
+fn kv_mut(b: &mut Buffer) -> &mut [u16] {
+    b.inner.downcast_mut::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
+}
+
+impl CpuBackend {
+    pub fn new(threads: usize) -> anyhow::Result<Self> {
+        // 0: one thread per physical core of the affinity mask (topology.rs).
+        let threads = topology::CpuPlacement::detect().threads(threads);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("civetta-cpu-{i}"))
+            .build()
+            .context("creating the CPU thread pool")?;
+        Ok(CpuBackend { pool, threads })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn timed<R>(&self, kernel: &str, rows: usize, f: impl FnOnce() -> R) -> R {
+        kernel_registry::time(kernel, shape_class(rows), "cpu", quant::simd_level(), f)
+    }
+}
+
+/// Element-wise ops (norms, SwiGLU, residual adds) run on one thread below this many
+/// elements (decode: a wake-up of the pool costs more than the op) and in chunks of
+/// `PARALLEL_CHUNK` over the pool above it (prefill: 64 rows x 2048 is 131k elements).
+const PARALLEL_ELEMS: usize = 32 * 1024;
+const PARALLEL_CHUNK: usize = 8 * 1024;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn variant(&self) -> &'static str {
+        quant::simd_level()
+    }
+
+    fn supports(&self, t: GgmlType) -> bool {
+        quant::supports(t)
+    }
+
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+        self.load_weight_cpu(file, name)
+    }
+
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+        self.weight_rows_cpu(w, first_row, n_rows, name)
+    }
+
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+        let (s, d) = (buf(src), buf_mut(dst));
+        self.timed("scatter_rows", rows.len(), || {
+            for (i, &r) in rows.iter().enumerate() {
+                let r = r as usize;
+                d[r * dim..(r + 1) * dim].copy_from_slice(&s[i * dim..(i + 1) * dim]);
+            }
+        })
+    }
+
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+        let (s, o) = (buf(src), buf_mut(out));
+        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o))
+    }
+
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+        let x = buf_mut(x);
+        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim))
+    }
+
+    fn run(&self, pass: &mut (dyn FnMut() + Send)) {
+        self.pool.install(pass)
+    }
+
+    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
+        Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
+    }
+
+    /// K and V caches hold f16 bits (`Vec<u16>`), as llama.cpp's default cache type.
+    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+        Ok(Buffer { len, inner: Box::new(vec![0u16; len]) })
+    }
+
+    fn kv_cache_elem_bytes(&self) -> usize {
+        2
+    }
+
+    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+        buf_mut(dst)[offset..offset + src.len()].copy_from_slice(src);
+    }
+
+    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+        dst.copy_from_slice(&buf(src)[offset..offset + dst.len()]);
+    }
+
+    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+        self.embed_cpu(table, tokens, out)
+    }
+
+    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
+        self.rmsnorm_cpu(x, w, rows, dim, eps, out)
+    }
+
+    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
+        self.rmsnorm_inplace_cpu(x, w, rows, dim, eps)
+    }
+
+    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
+        self.matmul_many(&[w], x, rows, &mut [out]);
+    }
+
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+        self.matmul_many_cpu(ws, x, rows, outs)
+    }
+
+    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
+        self.add_bias_cpu(x, b, rows)
+    }
+
+    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
+        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, None)
+    }
+
+    fn rope_scaled(
+        &self,
+        x: &mut Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: RopeScaling,
+    ) -> anyhow::Result<()> {
+        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, Some(scaling));
+        Ok(())
+    }
+
+    fn kv_store(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_cache: &mut Buffer,
+        v_cache: &mut Buffer,
+        src_row: usize,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
+        self.kv_store_paged(k, v, k_cache, v_cache, src_row, KvBlocks::CONTIGUOUS, start_pos, n_tokens, kv_dim)
+    }
+
+    fn paged_kv(&self) -> bool {
+        true
+    }
+
+    fn kv_store_paged(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        k_pool: &mut Buffer,
+        v_pool: &mut Buffer,
+        src_row: usize,
+        blocks: KvBlocks<'_>,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) {
+        self.kv_store_cpu(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim)
+    }
+
+    /// llama.cpp's CPU flash attention over the f16 cache, for greedy parity (attention.rs).
+    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out)
+    }
+
+    /// The paged form of `attention`: cache position p is pool row `blocks.slot(p)`. A
+    /// contiguous cache is the one-block case, so both forms run the same arithmetic.
+    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
+        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out)
+    }
+
+    /// The step-by-step row kernel with the sink folded in after the last key, as ggml's CPU
+    /// flash attention does for its single KV chunk.
+    fn attention_with_sinks(
+        &self,
+        q: &Buffer,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        sinks: &[f32],
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(sinks.len() == s.n_head, "{} attention sinks for {} heads", sinks.len(), s.n_head);
+        self.attention_cpu(q, k_cache, v_cache, blocks, s, Some(sinks), out);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        self.silu_mul_cpu(gate, up, n)
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+        self.gelu_tanh_mul_cpu(gate, up, n)
+    }
+
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+        self.scale_cpu(x, n, s)
+    }
+
+    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
+        self.add_cpu(x, y, n)
+    }
+
+    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
+        buf_mut(dst)[..dim].copy_from_slice(&buf(src)[src_row * dim..(src_row + 1) * dim]);
+    }
+
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+        let (s, d) = (buf(src), buf_mut(dst));
+        for (i, &r) in rows.iter().enumerate() {
+            d[i * dim..(i + 1) * dim].copy_from_slice(&s[r * dim..(r + 1) * dim]);
+        }
+    }
+}

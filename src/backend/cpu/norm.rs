@@ -1,0 +1,55 @@
+//! RMS norm as ggml computes it (squares summed in f64), one row per work item.
+
+use super::{buf, buf_mut, weights::weight_f32, CpuBackend, PARALLEL_ELEMS};
+use crate::backend::{Buffer, Weight};
+use rayon::prelude::*;
+
+impl CpuBackend {
+    pub(super) fn rmsnorm_cpu(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
+        let x = buf(x);
+        let o = buf_mut(out);
+        let wv = weight_f32(w);
+        self.timed("rmsnorm", rows, || {
+            let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
+            let (x, o) = (&x[..rows * dim], &mut o[..rows * dim]);
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks(dim).zip(o.par_chunks_mut(dim)).for_each(norm));
+            } else {
+                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(norm);
+            }
+        })
+    }
+
+    pub(super) fn rmsnorm_inplace_cpu(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
+        let x = buf_mut(x);
+        let wv = weight_f32(w);
+        self.timed("rmsnorm", rows, || {
+            let norm = |row: &mut [f32]| {
+                let scale = rms_scale(row, eps);
+                for (v, g) in row.iter_mut().zip(wv.iter()) {
+                    *v = *v * scale * g;
+                }
+            };
+            let x = &mut x[..rows * dim];
+            if rows * dim >= PARALLEL_ELEMS {
+                self.pool.install(|| x.par_chunks_mut(dim).for_each(norm));
+            } else {
+                x.chunks_mut(dim).for_each(norm);
+            }
+        })
+    }
+}
+
+/// 1/rms as ggml's rms_norm: squares in f32, summed in f64 in order, mean rounded to f32.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = rms_scale(x, eps);
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}

@@ -1,0 +1,104 @@
+//! Weights borrowed from the memory-mapped GGUF file (no copy): loading, row views (one
+//! expert of a 3-D tensor), and dequantisation where an op needs f32 (embedding rows, norm
+//! and bias vectors).
+
+use super::CpuBackend;
+use crate::backend::{Buffer, Weight};
+use crate::gguf::{GgmlType, GgufFile};
+use crate::quant;
+use anyhow::{bail, Context};
+use std::sync::Arc;
+
+/// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
+/// row view such as one expert of a 3-D expert tensor, see `weight_rows`).
+pub(super) struct CpuWeight {
+    file: Arc<GgufFile>,
+    index: usize,
+    range: Option<std::ops::Range<usize>>,
+}
+
+impl CpuWeight {
+    pub(super) fn bytes(&self) -> &[u8] {
+        let all = self.file.tensor_data(&self.file.tensors[self.index]);
+        match &self.range {
+            Some(r) => &all[r.clone()],
+            None => all,
+        }
+    }
+}
+
+pub(super) fn weight(w: &Weight) -> &CpuWeight {
+    w.inner.downcast_ref::<CpuWeight>().expect("CPU backend got a foreign weight")
+}
+
+impl CpuBackend {
+    pub(super) fn load_weight_cpu(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+        let index = file
+            .tensors
+            .iter()
+            .position(|t| t.name == name)
+            .with_context(|| format!("{}: tensor \"{name}\" is missing", file.path.display()))?;
+        let info = &file.tensors[index];
+        if !quant::supports(info.ggml_type) {
+            bail!("{}: tensor \"{name}\" has type {} which the CPU backend does not support", file.path.display(), info.ggml_type);
+        }
+        let cols = *info.dims.first().unwrap_or(&1) as usize;
+        let rows = info.dims.iter().skip(1).product::<u64>() as usize;
+        Ok(Weight {
+            name: name.to_string(),
+            ggml_type: info.ggml_type,
+            rows,
+            cols,
+            inner: Box::new(CpuWeight { file: file.clone(), index, range: None }),
+        })
+    }
+
+    pub(super) fn weight_rows_cpu(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+        let cw = weight(w);
+        if first_row + n_rows > w.rows {
+            bail!("rows {first_row}..{} are outside \"{}\" ({} rows)", first_row + n_rows, w.name, w.rows);
+        }
+        let row_bytes = w.ggml_type.row_bytes(w.cols).with_context(|| format!("row size of \"{}\"", w.name))?;
+        let base = cw.range.as_ref().map_or(0, |r| r.start);
+        let start = base + first_row * row_bytes;
+        Ok(Weight {
+            name: name.to_string(),
+            ggml_type: w.ggml_type,
+            rows: n_rows,
+            cols: w.cols,
+            inner: Box::new(CpuWeight { file: cw.file.clone(), index: cw.index, range: Some(start..start + n_rows * row_bytes) }),
+        })
+    }
+
+    pub(super) fn embed_cpu(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+        let w = weight(table);
+        let dim = table.cols;
+        let row_bytes = table.ggml_type.row_bytes(dim).context("embedding row size")?;
+        let bytes = w.bytes();
+        let o = super::buf_mut(out);
+        self.timed("embed", tokens.len(), || {
+            for (t, &id) in tokens.iter().enumerate() {
+                let id = id as usize;
+                if id >= table.rows {
+                    bail!("token id {id} is outside the vocabulary ({} tokens)", table.rows);
+                }
+                quant::dequantize_row(table.ggml_type, &bytes[id * row_bytes..(id + 1) * row_bytes], &mut o[t * dim..(t + 1) * dim])?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Norm and bias vectors are small F32 (sometimes F16) tensors: dequantise on use.
+pub(super) fn weight_f32(w: &Weight) -> std::borrow::Cow<'_, [f32]> {
+    let cw = weight(w);
+    let bytes = cw.bytes();
+    let n = w.rows * w.cols;
+    if w.ggml_type == GgmlType::F32 && (bytes.as_ptr() as usize).is_multiple_of(4) {
+        // SAFETY: F32 tensor data is 4-byte aligned (checked) and exactly n*4 bytes long.
+        return std::borrow::Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, n) });
+    }
+    let mut v = vec![0f32; n];
+    quant::dequantize_row(w.ggml_type, bytes, &mut v).expect("norm weight dequantisation");
+    std::borrow::Cow::Owned(v)
+}
