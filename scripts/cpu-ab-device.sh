@@ -6,7 +6,7 @@
 # attn_output are Q5_0 here too) and the 1B Q4_K preset.
 #
 #   usage: bash scripts/cpu-ab-device.sh DIR OUTDIR
-#   DIR holds civetta-before, civetta-after (stripped release builds) and optionally
+#   DIR holds civetta-after, optionally civetta-before (stripped release builds) and optionally
 #   llama/bin/llama-bench (the no-AMX reference build; skipped when it does not run there).
 #   env: ROUNDS (3), BUDGET seconds after which no new case starts (420), MODELS (/tmp/cpu-ab-models),
 #        TINY=1 (tiny models, pp16/tg4, one round: a dry run of the script itself).
@@ -22,6 +22,7 @@ start=$(date +%s)
 { lscpu; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; nproc; } > "$out/host.txt" 2>&1 || true
 "$after" env > "$out/env.txt" 2>&1 || true
 configs="$before $after"
+[[ -x $before ]] || configs="$after"  # no before binary: after vs llama.cpp only
 if [[ -x $dir/llama/bin/llama-bench ]]; then
   ldd "$dir/llama/bin/llama-bench" > "$out/llama-ldd.txt" 2>&1 || true
   if "$dir/llama/bin/llama-bench" --help > /dev/null 2>&1; then configs="$configs LLAMA"; else echo "llama-bench does not run here (see llama-ldd.txt)"; fi
@@ -37,8 +38,12 @@ else
   synth --arch llama --quant q4_1 --size small --layers 30 --dim 576 --ffn 1536 --heads 9 --kv-heads 3 --vocab 49152 --tied -o "$models/smol-q4_1.gguf"
   synth --arch gemma3 --quant q5_0 --layers 18 --dim 640 --ffn 2048 --heads 4 --kv-heads 1 --head-dim 256 --vocab 262144 --tied -o "$models/gemma270m-q5_0.gguf"
   synth --arch llama --quant q4_k --size 1b -o "$models/1b-q4_k.gguf"
+  synth --arch llama --quant q8_0 --size 1b -o "$models/1b-q8_0.gguf"
   # 1B at 2 threads: pp128/tg32 (pp512 does not fit the time of one device command).
-  cases=("gemma270m-q5_0 2 512 128" "gemma270m-q5_0 16 512 128" "smol-q4_1 2 512 128" "smol-q4_1 16 512 128" "1b-q4_k 16 512 128" "1b-q4_k 2 128 32")
+  # CASES overrides the list ("name threads pp tg;..."), in the order they should run.
+  cases=("smol-q4_1 2 512 128" "smol-q4_1 16 512 128" "1b-q4_k 16 512 128" "1b-q4_k 2 128 32" "1b-q8_0 16 512 128"
+    "1b-q8_0 2 128 32" "gemma270m-q5_0 2 512 128" "gemma270m-q5_0 16 512 128")
+  if [[ -n ${CASES:-} ]]; then IFS=';' read -r -a cases <<< "$CASES"; fi
 fi
 echo "models ready after $(($(date +%s) - start)) s"
 for c in "${cases[@]}"; do
