@@ -295,9 +295,11 @@ impl Engine {
     }
 }
 
-/// The largest step the scheduler plans: `max_batch_tokens` rows, or more when every active
-/// sequence decodes (decode rows are never cut by the budget; `scheduler::plan_step`); one
-/// row of logits per sequence at most (each asks for its last row's or none).
+/// The largest step the scheduler plans: `max_batch_tokens` rows. `plan_step` never cuts
+/// decode rows by the budget, but a sequence only starts decoding after a step in which its
+/// last prefill rows fitted, so they never outnumber it; max_active_sequences is taken as
+/// well so that the workspace bound does not rest on that. One row of logits per sequence
+/// at most (each asks for its last row's or none).
 fn step_workspace_shape(cfg: &EngineConfig) -> WorkspaceShape {
     let max_active = cfg.max_active_sequences.max(1);
     let rows = cfg.max_batch_tokens.max(max_active);
