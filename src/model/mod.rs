@@ -479,6 +479,7 @@ impl Model {
         if let Some(s) = hp.embedding_scale() {
             be.scale(x, n * d, s);
         }
+        let mut moe_layers = 0;
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h);
@@ -575,7 +576,10 @@ impl Model {
                     be.silu_mul(gate, up, n * ff);
                     be.matmul(wd, gate, n, h);
                 }
-                Ffn::Moe(m) => moe::ffn(be, m, moe.as_mut().context("an MoE layer needs the workspace's MoE buffers")?, h, n, d)?,
+                Ffn::Moe(m) => {
+                    moe::ffn(be, m, moe.as_mut().context("an MoE layer needs the workspace's MoE buffers")?, h, n, d)?;
+                    moe_layers += 1;
+                }
                 Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
                     be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
                     be.gelu_tanh_mul(gate, up, n * ff);
@@ -586,6 +590,11 @@ impl Model {
                 be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
             }
             be.add(x, h, n * d);
+        }
+        // moe::ffn swaps h with its output buffer: after an odd number of swaps, swap back so
+        // that each buffer keeps its role, and on a GPU its address, from pass to pass.
+        if let (1, Some(m)) = (moe_layers % 2, moe.as_mut()) {
+            std::mem::swap(h, &mut m.out);
         }
 
         // Rows whose logits are returned, and how many each sequence gets.
