@@ -1,8 +1,8 @@
 //! Batched decode step time on a GPU backend, without the server: B sequences prefilled in
 //! one pass, then `--steps` decode steps of one row per sequence in one forward pass each
-//! (`Model::forward_batch`, what the scheduler runs at concurrency B). Prints per batch size
-//! the time per step, aggregate tokens/s and its ratio to B = 1 (issue #14's serving target
-//! is a ratio of 8 at B = 16), and checks the batched path against the same sequences run
+//! (`Model::forward_batch_with` in one workspace, what the scheduler runs at concurrency B).
+//! Prints per batch size the time per step, aggregate tokens/s and its ratio to B = 1
+//! (issue #14's serving target is a ratio of 8 at B = 16), and checks the batched path against the same sequences run
 //! alone: the first and last sequence are re-run one by one with the tokens the batch fed
 //! them, and their final logits compared (relative L2; docs/GPU.md's tolerance).
 //! `--profile` runs the steps once more with every launch timed and prints the kernels that
@@ -19,7 +19,7 @@
 use civetta::backend::gpu::GpuOptions;
 use civetta::gguf::GgufFile;
 use civetta::kernel_registry;
-use civetta::model::{KvCache, Logits, Model, SeqRows};
+use civetta::model::{KvCache, Logits, Model, SeqRows, WorkspaceShape};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,9 +56,11 @@ fn prompt(s: usize, len: usize, vocab: usize) -> Vec<u32> {
 fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usize, vocab: usize) -> anyhow::Result<BatchRun> {
     let prompts: Vec<Vec<u32>> = (0..b).map(|s| prompt(s, prompt_len, vocab)).collect();
     let mut caches: Vec<KvCache> = (0..b).map(|_| model.new_cache(prompt_len + warm + steps + 1)).collect::<anyhow::Result<_>>()?;
+    // The engine's activation buffers: allocated once, the same device addresses every step.
+    let mut ws = model.new_workspace(WorkspaceShape { rows: b * prompt_len.max(1), logit_rows: b })?;
     let mut rows: Vec<SeqRows> =
         caches.iter_mut().zip(&prompts).map(|(cache, p)| SeqRows { cache, tokens: &p[..], logits: Logits::Last }).collect();
-    let mut last = model.forward_batch(&mut rows)?;
+    let mut last = model.forward_batch_with(None, &mut ws, &mut rows)?;
     drop(rows);
     let mut fed: Vec<Vec<u32>> = vec![Vec::new(); b];
     let mut t0 = Instant::now();
@@ -72,7 +74,7 @@ fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usi
         }
         let mut rows: Vec<SeqRows> =
             caches.iter_mut().zip(&next).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
-        last = model.forward_batch(&mut rows)?;
+        last = model.forward_batch_with(None, &mut ws, &mut rows)?;
     }
     Ok(BatchRun { seconds: t0.elapsed().as_secs_f64(), fed, last })
 }

@@ -24,7 +24,7 @@ pub use validate::{InvalidRequest, ValidRequest};
 
 use crate::backend;
 use crate::gguf::GgufFile;
-use crate::model::Model;
+use crate::model::{Model, Workspace, WorkspaceShape};
 use crate::tokenizer::Tokenizer;
 use anyhow::Context;
 use parking_lot::{Condvar, Mutex};
@@ -113,10 +113,16 @@ impl GenerationStream {
 }
 
 impl Engine {
-    pub fn load(mut cfg: EngineConfig) -> anyhow::Result<Engine> {
+    pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
+        let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
+        Engine::load_on(cfg, be)
+    }
+
+    /// [`Engine::load`] on a backend made by the caller (`cfg.backend`, `threads` and `gpu`
+    /// are not used): tests wrap a backend to watch what the engine asks of it.
+    pub fn load_on(mut cfg: EngineConfig, be: Arc<dyn backend::Backend>) -> anyhow::Result<Engine> {
         let file = Arc::new(GgufFile::open(&cfg.model_path)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
-        let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
         let model = Arc::new(Model::load(file.clone(), be)?);
         if cfg.max_batch_tokens == 0 {
@@ -124,6 +130,8 @@ impl Engine {
         }
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
+        let ws_shape = step_workspace_shape(&cfg);
+        let ws_bytes = Workspace::bytes_for(hp, ws_shape);
         let kv_pool = if model.backend().paged_kv() {
             let (bs, max_active) = (kv::KV_BLOCK_TOKENS, cfg.max_active_sequences.max(1));
             // Sliding-window layers keep one ring of a window + a prefill chunk per active
@@ -144,8 +152,8 @@ impl Engine {
                     cfg.kv_cache_bytes
                 );
             }
-            check_memory(n_blocks as u128 * block_bytes as u128 + rings_bytes as u128, || {
-                format!("{n_blocks} blocks of {bs} tokens (engine.kv_cache_bytes)")
+            check_memory(n_blocks as u128 * block_bytes as u128 + rings_bytes as u128 + ws_bytes as u128, || {
+                format!("{n_blocks} blocks of {bs} tokens (engine.kv_cache_bytes) and {ws_bytes} bytes of activations")
             })?;
             if ring_blocks > 0 {
                 tracing::info!(
@@ -157,9 +165,17 @@ impl Engine {
             }
             Some(model.new_windowed_kv_pool(n_blocks, bs, if ring_blocks > 0 { max_active } else { 0 }, ring_blocks)?)
         } else {
-            check_kv_memory(&model, ctx_len, cfg.max_active_sequences)?;
+            check_kv_memory(&model, ctx_len, cfg.max_active_sequences, ws_bytes)?;
             None
         };
+        // The activation buffers of the largest step, allocated once (model::Workspace).
+        let workspace = model.new_workspace(ws_shape).context("allocating the forward pass's activation buffers")?;
+        tracing::info!(
+            rows = ws_shape.rows,
+            logit_rows = ws_shape.logit_rows,
+            bytes = ws_bytes,
+            "activation buffers allocated for the largest step"
+        );
         let kv_total_blocks = kv_pool.as_ref().map_or(0, |p| p.n_blocks);
         let info = model_info(&file, &model, &tokenizer, ctx_len);
         let inner = Arc::new(Inner {
@@ -177,7 +193,7 @@ impl Engine {
         let worker_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("civetta-engine".into())
-            .spawn(move || scheduler::run_worker(&worker_inner, kv_pool.map(kv::BlockManager::new)))
+            .spawn(move || scheduler::run_worker(&worker_inner, kv_pool.map(kv::BlockManager::new), workspace))
             .context("spawning the engine thread")?;
         *inner.worker.lock() = Some(handle);
         Ok(Engine { inner })
@@ -279,7 +295,19 @@ impl Engine {
     }
 }
 
-/// Refuses a KV pool of `need` bytes that the machine's available memory cannot hold.
+/// The largest step the scheduler plans: `max_batch_tokens` rows. `plan_step` never cuts
+/// decode rows by the budget, but a sequence only starts decoding after a step in which its
+/// last prefill rows fitted, so they never outnumber it; max_active_sequences is taken as
+/// well so that the workspace bound does not rest on that. One row of logits per sequence
+/// at most (each asks for its last row's or none).
+fn step_workspace_shape(cfg: &EngineConfig) -> WorkspaceShape {
+    let max_active = cfg.max_active_sequences.max(1);
+    let rows = cfg.max_batch_tokens.max(max_active);
+    WorkspaceShape { rows, logit_rows: max_active.min(rows) }
+}
+
+/// Refuses a KV pool (and the activation buffers) of `need` bytes that the machine's
+/// available memory cannot hold.
 fn check_memory(need: u128, what: impl Fn() -> String) -> anyhow::Result<()> {
     if let Some(avail) = mem_available_bytes() {
         if need > avail as u128 {
@@ -294,12 +322,12 @@ fn check_memory(need: u128, what: impl Fn() -> String) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_kv_memory(model: &Model, ctx_len: usize, max_active: usize) -> anyhow::Result<()> {
-    let need = model.cache_bytes(ctx_len) as u128 * max_active.max(1) as u128;
+fn check_kv_memory(model: &Model, ctx_len: usize, max_active: usize, workspace_bytes: usize) -> anyhow::Result<()> {
+    let need = model.cache_bytes(ctx_len) as u128 * max_active.max(1) as u128 + workspace_bytes as u128;
     if let Some(avail) = mem_available_bytes() {
         if need > avail as u128 {
             anyhow::bail!(
-                "not enough memory for the KV cache: {} active sequences x {} tokens need {:.1} GiB, {:.1} GiB available (lower engine.context_length or engine.max_active_sequences)",
+                "not enough memory for the KV cache: {} active sequences x {} tokens (and the activation buffers) need {:.1} GiB, {:.1} GiB available (lower engine.context_length or engine.max_active_sequences)",
                 max_active,
                 ctx_len,
                 need as f64 / (1u64 << 30) as f64,

@@ -3,7 +3,8 @@
 //! (`engine.max_batch_tokens`): one decode row from every sequence past its prompt, then
 //! prefill chunks of the waiting prompts (oldest first, at most `engine.prefill_batch` tokens
 //! each) in what is left of the budget; the whole batch is one forward pass
-//! (`Model::forward_batch`), then every sequence that produced logits samples its next token.
+//! (`Model::forward_batch_with`, in the engine's one `model::Workspace` of activation
+//! buffers), then every sequence that produced logits samples its next token.
 //! A long prompt is cut into chunks, so it never stalls the streams that are decoding.
 //!
 //! With the paged KV pool (CPU), admission takes only a prompt's blocks; sequences grow block
@@ -15,7 +16,7 @@ use super::sequence::{Seq, StepOutcome};
 use super::step_cost::{StepCost, StepShape};
 use super::types::*;
 use super::{Counters, Inner, Job};
-use crate::model::{Logits, SeqRows};
+use crate::model::{Logits, SeqRows, Workspace};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -170,6 +171,8 @@ struct Worker<'a> {
     next_arrival: u64,
     /// Learned step cost, for cutting long prefills while sequences decode.
     cost: StepCost,
+    /// The forward pass's activation buffers, sized for the largest step (allocated once).
+    workspace: Workspace,
 }
 
 /// What admission took for this step: a queued request with its blocks, or a preempted
@@ -179,10 +182,11 @@ enum Admitted {
     Resume(Box<Seq>, Allocation),
 }
 
-pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>) {
+pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>, workspace: Workspace) {
     let hp = &inner.model.hp;
     let kv_per_row = StepCost::kv_per_row_of_shape(inner.info.parameter_count, hp.n_layer, hp.n_head, hp.head_dim);
-    let mut w = Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0, cost: StepCost::new(kv_per_row) };
+    let mut w =
+        Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0, cost: StepCost::new(kv_per_row), workspace };
     let c = &inner.counters;
     loop {
         let admitted = {
@@ -214,7 +218,7 @@ pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>) {
         }
         w.make_room();
         if !w.active.is_empty() {
-            step(inner, &mut w.active, &mut w.kv, &mut w.cost);
+            step(inner, &mut w.active, &mut w.kv, &mut w.cost, &mut w.workspace);
         }
         publish_kv(c, &w.kv);
     }
@@ -364,7 +368,7 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 
 /// One engine step: plan the batch, one forward pass, sample for every sequence whose rows
 /// end in a token to predict; finished sequences leave `active` (order kept: oldest first).
-fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cost: &mut StepCost) {
+fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cost: &mut StepCost, ws: &mut Workspace) {
     let c = &inner.counters;
     let states: Vec<SeqState> = active.iter().map(Seq::plan_state).collect();
     let plan = plan_step(&states, &StepLimits::of(&inner.cfg), cost);
@@ -390,7 +394,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cos
             };
             batch.push(SeqRows { cache: &mut s.cache, tokens, logits });
         }
-        inner.model.forward_batch_in(kv.as_mut().map(BlockManager::pool_mut), &mut batch)
+        inner.model.forward_batch_with(kv.as_mut().map(BlockManager::pool_mut), ws, &mut batch)
     };
     let elapsed = t0.elapsed();
     if result.is_ok() {

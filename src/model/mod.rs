@@ -14,8 +14,10 @@
 
 mod hparams;
 pub mod moe;
+mod workspace;
 
 pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, RopeScalingKind, RopeScalingParams, SlidingWindow, SUPPORTED_ARCHS};
+pub use workspace::{MoeWorkspace, Workspace, WorkspaceShape};
 
 use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, Weight};
 use crate::gguf::GgufFile;
@@ -395,14 +397,34 @@ impl Model {
     }
 
     /// [`Model::forward_batch`] where sequences may have paged caches in `pool` (the same
-    /// arithmetic: only where K and V rows live differs).
-    pub fn forward_batch_in(&self, mut pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    /// arithmetic: only where K and V rows live differs). Allocates a workspace for this one
+    /// pass; a caller that runs many passes keeps one and calls [`Model::forward_batch_with`].
+    pub fn forward_batch_in(&self, pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut ws = self.new_workspace(workspace_shape_of(seqs))?;
+        self.forward_batch_with(pool, &mut ws, seqs)
+    }
+
+    /// [`Model::forward_batch_in`] in the activation buffers of `ws` (made by
+    /// [`Model::new_workspace`] for at least this pass's rows): no allocation per pass.
+    pub fn forward_batch_with(
+        &self,
+        mut pool: Option<&mut KvPool>,
+        ws: &mut Workspace,
+        seqs: &mut [SeqRows<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        let need = workspace_shape_of(seqs);
+        ws.check_fits(need.rows, need.logit_rows)?;
         let mut result = None;
-        self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), seqs)));
+        self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), ws, seqs)));
         result.expect("the backend ran the forward pass")
     }
 
-    fn forward_pass(&self, mut pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    /// Activation buffers for passes of up to `shape` (see [`Workspace`]).
+    pub fn new_workspace(&self, shape: WorkspaceShape) -> anyhow::Result<Workspace> {
+        Workspace::new(&*self.backend, &self.hp, shape)
+    }
+
+    fn forward_pass(&self, mut pool: Option<&mut KvPool>, ws: &mut Workspace, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             bail!("forward called with no sequences");
         }
@@ -438,7 +460,7 @@ impl Model {
         }
         let hp = &self.hp;
         let be = &*self.backend;
-        let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+        let (d, kvd, ff) = (hp.n_embd, hp.kv_dim(), hp.n_ff);
         // The batch's rows: each sequence's tokens in order, the sequences one after another.
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let mut tokens = Vec::with_capacity(n);
@@ -450,51 +472,46 @@ impl Model {
             positions.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u32));
         }
 
-        let mut x = be.alloc(n * d)?;
-        let mut h = be.alloc(n * d)?;
-        let mut q = be.alloc(n * qd)?;
-        let mut k = be.alloc(n * kvd)?;
-        let mut v = be.alloc(n * kvd)?;
-        let mut att = be.alloc(n * qd)?;
-        let mut gate = be.alloc(n * ff)?;
-        let mut up = be.alloc(n * ff)?;
+        // The pass's activations: the leading n rows of the workspace's buffers.
+        let Workspace { x, h, q, k, v, att, gate, up, picked, logits, moe, .. } = ws;
 
-        be.embed(&self.token_embd, &tokens, &mut x)?;
+        be.embed(&self.token_embd, &tokens, x)?;
         if let Some(s) = hp.embedding_scale() {
-            be.scale(&mut x, n * d, s);
+            be.scale(x, n * d, s);
         }
+        let mut moe_layers = 0;
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
-            be.rmsnorm(&x, &layer.attn_norm, n, d, hp.rms_eps, &mut h);
+            be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h);
             let a = &layer.attn;
-            be.matmul_many(&[&a.wq, &a.wk, &a.wv], &h, n, &mut [&mut q, &mut k, &mut v]);
+            be.matmul_many(&[&a.wq, &a.wk, &a.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
             if let Some(b) = &a.bq {
-                be.add_bias(&mut q, b, n);
+                be.add_bias(q, b, n);
             }
             if let Some(b) = &a.bk {
-                be.add_bias(&mut k, b, n);
+                be.add_bias(k, b, n);
             }
             if let Some(b) = &a.bv {
-                be.add_bias(&mut v, b, n);
+                be.add_bias(v, b, n);
             }
             if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                be.rmsnorm_inplace(&mut q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
-                be.rmsnorm_inplace(&mut k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+                be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
+                be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
             }
             let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
             match hp.layer_rope_scaling(li) {
                 None => {
-                    be.rope(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style);
-                    be.rope(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
+                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style);
+                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
                 }
                 Some(scaling) => {
-                    be.rope_scaled(&mut q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
-                    be.rope_scaled(&mut k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
+                    be.rope_scaled(q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
+                    be.rope_scaled(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
                 }
             }
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
-            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, &q, &k, &v, &mut att);
+            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att);
             // Ragged part: each sequence stores its rows and attends over its own cache.
             for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
                 let (start, len) = (s.cache.len, s.tokens.len());
@@ -510,10 +527,10 @@ impl Model {
                 let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
                     KvStorage::Own { k: kc, v: vc } => {
-                        be.kv_store(&k, &v, &mut kc[li], &mut vc[li], row, start, len, kvd);
+                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd);
                         match sinks {
-                            Some(sinks) => be.attention_with_sinks(&q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, &mut att)?,
-                            None => be.attention(&q, &kc[li], &vc[li], shape, &mut att),
+                            Some(sinks) => be.attention_with_sinks(q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, att)?,
+                            None => be.attention(q, &kc[li], &vc[li], shape, att),
                         }
                     }
                     KvStorage::Paged { blocks, block_size, .. } => {
@@ -522,54 +539,62 @@ impl Model {
                             (Some(local), Some(_)) => KvBlocks::new(local, *block_size),
                             _ => KvBlocks::new(blocks, *block_size),
                         };
-                        be.kv_store_paged(&k, &v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
+                        be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
                         match sinks {
-                            Some(sinks) => be.attention_with_sinks(&q, &p.k[li], &p.v[li], table, shape, sinks, &mut att)?,
-                            None => be.attention_paged(&q, &p.k[li], &p.v[li], table, shape, &mut att),
+                            Some(sinks) => be.attention_with_sinks(q, &p.k[li], &p.v[li], table, shape, sinks, att)?,
+                            None => be.attention_paged(q, &p.k[li], &p.v[li], table, shape, att),
                         }
                     }
                 }
             }
             if layer.post_attn_norm.is_some() || a.bo.is_some() {
-                be.matmul(&a.wo, &att, n, &mut h);
+                be.matmul(&a.wo, att, n, h);
                 if let Some(b) = &a.bo {
-                    be.add_bias(&mut h, b, n);
+                    be.add_bias(h, b, n);
                 }
                 if let Some(w) = &layer.post_attn_norm {
-                    be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
+                    be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
                 }
-                be.add(&mut x, &h, n * d);
+                be.add(x, h, n * d);
             } else {
                 // x += Wo att (one kernel where the backend fuses the residual add).
-                be.matmul_add(&a.wo, &mut att, None, n, &mut x, &mut h);
+                be.matmul_add(&a.wo, att, None, n, x, h);
             }
 
             // Feed-forward block.
-            be.rmsnorm(&x, &layer.ffn_norm, n, d, hp.rms_eps, &mut h);
+            be.rmsnorm(x, &layer.ffn_norm, n, d, hp.rms_eps, h);
             match &layer.ffn {
                 Ffn::Dense { gate: wg, up: wu, down: wd } if layer.post_ffn_norm.is_none() => {
                     // x += Wd (silu(gate) * up): SwiGLU and the residual add fused where the
                     // backend can.
-                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
-                    be.matmul_add(wd, &mut gate, Some(&up), n, &mut x, &mut h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
+                    be.matmul_add(wd, gate, Some(&*up), n, x, h);
                     continue;
                 }
                 Ffn::Dense { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
-                    be.silu_mul(&mut gate, &up, n * ff);
-                    be.matmul(wd, &gate, n, &mut h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
+                    be.silu_mul(gate, up, n * ff);
+                    be.matmul(wd, gate, n, h);
                 }
-                Ffn::Moe(m) => moe::ffn(be, m, &mut h, n, d)?,
+                Ffn::Moe(m) => {
+                    moe::ffn(be, m, moe.as_mut().context("an MoE layer needs the workspace's MoE buffers")?, h, n, d)?;
+                    moe_layers += 1;
+                }
                 Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], &h, n, &mut [&mut gate, &mut up]);
-                    be.gelu_tanh_mul(&mut gate, &up, n * ff);
-                    be.matmul(wd, &gate, n, &mut h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
+                    be.gelu_tanh_mul(gate, up, n * ff);
+                    be.matmul(wd, gate, n, h);
                 }
             }
             if let Some(w) = &layer.post_ffn_norm {
-                be.rmsnorm_inplace(&mut h, w, n, d, hp.rms_eps);
+                be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
             }
-            be.add(&mut x, &h, n * d);
+            be.add(x, h, n * d);
+        }
+        // moe::ffn swaps h with its output buffer: after an odd number of swaps, swap back so
+        // that each buffer keeps its role, and on a GPU its address, from pass to pass.
+        if let (1, Some(m)) = (moe_layers % 2, moe.as_mut()) {
+            std::mem::swap(h, &mut m.out);
         }
 
         // Rows whose logits are returned, and how many each sequence gets.
@@ -590,16 +615,16 @@ impl Model {
         if rows == 0 {
             be.synchronize();
         } else {
-            if rows < n {
-                let mut picked = be.alloc(rows * d)?;
-                be.gather_rows(&x, &out_rows, d, &mut picked);
-                x = picked;
-            }
-            be.rmsnorm(&x, &self.output_norm, rows, d, hp.rms_eps, &mut h);
+            let last: &Buffer = if rows < n {
+                be.gather_rows(x, &out_rows, d, picked);
+                picked
+            } else {
+                x
+            };
+            be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h);
             let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
-            let mut logits = be.alloc(rows * hp.n_vocab)?;
-            be.matmul(out_w, &h, rows, &mut logits);
-            be.read(&logits, 0, &mut host);
+            be.matmul(out_w, h, rows, logits);
+            be.read(logits, 0, &mut host);
         }
         if let Some(e) = be.take_error() {
             return Err(e.context("GPU forward pass"));
@@ -661,6 +686,20 @@ fn ring_table(p: &KvPool, ring: u32, len: usize, rows: usize, window: usize) -> 
     }
     let base = ring as usize * p.ring_blocks;
     Ok((0..=last / bs).map(|b| (base + b % p.ring_blocks) as u32).collect())
+}
+
+/// The rows and logit rows of one pass over `seqs`.
+fn workspace_shape_of(seqs: &[SeqRows<'_>]) -> WorkspaceShape {
+    let rows = seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
+    let logit_rows = seqs
+        .iter()
+        .map(|s| match s.logits {
+            Logits::None => 0,
+            Logits::Last => 1.min(s.tokens.len()),
+            Logits::All => s.tokens.len(),
+        })
+        .sum();
+    WorkspaceShape { rows: rows.max(1), logit_rows }
 }
 
 fn expect_shape(w: &Weight, cols: usize, rows: usize) -> anyhow::Result<()> {

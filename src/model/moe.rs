@@ -18,7 +18,7 @@
 //! 3-D expert-major tensors (no copies; decode touches only the selected experts' bytes).
 
 use super::hparams::{ExpertAct, Gating, MoeParams};
-use super::HParams;
+use super::{HParams, MoeWorkspace};
 use crate::backend::{Backend, Buffer, Weight};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
@@ -250,13 +250,13 @@ fn softmax_ggml(x: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
-/// Replaces `h` (n rows of n_embd, the normed FFN input) with the MoE block's output.
-pub fn ffn(be: &dyn Backend, m: &MoeWeights, h: &mut Buffer, n: usize, d: usize) -> anyhow::Result<()> {
+/// Replaces `h` (n rows of n_embd, the normed FFN input) with the MoE block's output, using
+/// the buffers of `ws` (sized for at least n rows; `h` and `ws.out` are swapped).
+pub fn ffn(be: &dyn Backend, m: &MoeWeights, ws: &mut MoeWorkspace, h: &mut Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
-    let mut logits = be.alloc(n * ne)?;
-    be.matmul(&m.router, h, n, &mut logits);
+    be.matmul(&m.router, h, n, &mut ws.router_logits);
     let mut host = vec![0f32; n * ne];
-    be.read(&logits, 0, &mut host);
+    be.read(&ws.router_logits, 0, &mut host);
     if let Some(b) = &m.router_bias {
         for row in host.chunks_exact_mut(ne) {
             row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
@@ -264,15 +264,17 @@ pub fn ffn(be: &dyn Backend, m: &MoeWeights, h: &mut Buffer, n: usize, d: usize)
     }
     let routing = route(&host, &m.params);
     m.load.record(&routing.experts);
-    expert_outputs_and_sum(be, m, h, n, d, ff, &routing)
+    expert_outputs_and_sum(be, m, ws, h, n, d, ff, &routing)
 }
 
 /// The routed part: per active expert, gather its tokens, SwiGLU, down, scatter its outputs
 /// to their (token, slot) rows; then the weighted sum over slots replaces `h` (and the shared
 /// expert, if any, is added).
+#[allow(clippy::too_many_arguments)]
 fn expert_outputs_and_sum(
     be: &dyn Backend,
     m: &MoeWeights,
+    ws: &mut MoeWorkspace,
     h: &mut Buffer,
     n: usize,
     d: usize,
@@ -280,7 +282,7 @@ fn expert_outputs_and_sum(
     r: &Routing,
 ) -> anyhow::Result<()> {
     let k = r.k;
-    let mut slots = be.alloc(n * k * d)?;
+    let MoeWorkspace { slots, xe, gate, up, out, shared_gate, .. } = ws;
     for (e, ew) in m.experts.iter().enumerate() {
         // The tokens this expert serves and the (token, slot) rows its outputs go to.
         let mut tokens = Vec::new();
@@ -295,59 +297,58 @@ fn expert_outputs_and_sum(
         if rows == 0 {
             continue;
         }
-        let mut xe = be.alloc(rows * d)?;
-        be.gather_rows(h, &tokens, d, &mut xe);
-        let mut gate = be.alloc(rows * ff)?;
-        let mut up = be.alloc(rows * ff)?;
-        be.matmul_many(&[&ew.gate, &ew.up], &xe, rows, &mut [&mut gate, &mut up]);
+        be.gather_rows(h, &tokens, d, xe);
+        be.matmul_many(&[&ew.gate, &ew.up], xe, rows, &mut [&mut *gate, &mut *up]);
         if let Some(b) = &ew.biases {
-            be.add_bias(&mut gate, &b.gate, rows);
-            be.add_bias(&mut up, &b.up, rows);
+            be.add_bias(gate, &b.gate, rows);
+            be.add_bias(up, &b.up, rows);
         }
         match m.params.act {
-            ExpertAct::SwiGlu => be.silu_mul(&mut gate, &up, rows * ff),
+            ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff),
             ExpertAct::SwiGluOai => {
                 // On the host: rows * ff floats, small next to the expert matmuls.
                 let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
-                be.read(&gate, 0, &mut g);
-                be.read(&up, 0, &mut u);
+                be.read(gate, 0, &mut g);
+                be.read(up, 0, &mut u);
                 swiglu_oai(&mut g, &u);
-                be.write(&mut gate, 0, &g);
+                be.write(gate, 0, &g);
             }
         }
-        be.matmul(&ew.down, &gate, rows, &mut xe);
+        be.matmul(&ew.down, gate, rows, xe);
         if let Some(b) = &ew.biases {
-            be.add_bias(&mut xe, &b.down, rows);
+            be.add_bias(xe, &b.down, rows);
         }
-        be.scatter_rows(&xe, &slot_rows, d, &mut slots);
+        be.scatter_rows(xe, &slot_rows, d, slots);
     }
-    let mut out = be.alloc(n * d)?;
-    be.weighted_sum_rows(&slots, &r.weights, n, k, d, &mut out);
+    be.weighted_sum_rows(slots, &r.weights, n, k, d, out);
     if let Some(sh) = &m.shared {
-        shared_expert(be, sh, h, n, d, &mut out)?;
+        shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out);
     }
-    std::mem::swap(h, &mut out);
+    std::mem::swap(h, out);
     Ok(())
+}
+
+/// The shared expert's buffers: the routed experts' ones, free again by then.
+struct SharedScratch<'a> {
+    g: &'a mut Buffer,
+    gate: &'a mut Buffer,
+    up: &'a mut Buffer,
+    y: &'a mut Buffer,
 }
 
 /// out += sigmoid(gate_inp · x) * SwiGLU_shared(x) per row (llama.cpp's qwen2moe graph; its
 /// sigmoid is silu(x) / x).
-fn shared_expert(be: &dyn Backend, sh: &SharedExpert, x: &Buffer, n: usize, d: usize, out: &mut Buffer) -> anyhow::Result<()> {
+fn shared_expert(be: &dyn Backend, sh: &SharedExpert, x: &Buffer, n: usize, d: usize, s: SharedScratch<'_>, out: &mut Buffer) {
     let ff = sh.ffn.gate.rows;
-    let mut g = be.alloc(n)?;
-    be.matmul(&sh.gate_inp, x, n, &mut g);
+    be.matmul(&sh.gate_inp, x, n, s.g);
     let mut scales = vec![0f32; n];
-    be.read(&g, 0, &mut scales);
+    be.read(s.g, 0, &mut scales);
     scales.iter_mut().for_each(|v| *v = (*v / (1.0 + (-*v).exp())) / *v);
-    let mut gate = be.alloc(n * ff)?;
-    let mut up = be.alloc(n * ff)?;
-    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut gate, &mut up]);
-    be.silu_mul(&mut gate, &up, n * ff);
-    let mut y = be.alloc(n * d)?;
-    be.matmul(&sh.ffn.down, &gate, n, &mut y);
-    be.scale_rows(&mut y, &scales, d);
-    be.add(out, &y, n * d);
-    Ok(())
+    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut *s.gate, &mut *s.up]);
+    be.silu_mul(s.gate, s.up, n * ff);
+    be.matmul(&sh.ffn.down, s.gate, n, s.y);
+    be.scale_rows(s.y, &scales, d);
+    be.add(out, s.y, n * d);
 }
 
 #[cfg(test)]
