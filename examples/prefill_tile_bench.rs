@@ -6,7 +6,7 @@
 //!
 //! cargo run --release --example prefill_tile_bench -- TYPE [T] [PASSES] [ROWS] [COLS] [TOKENS]
 //! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, or q8_0o (Q8_0 through the offset-form activations,
-//! `quant::Q8_0Offset`, as the AVX-512 matmul runs it); T: 4 (default) or 8.
+//! `quant::Q8_0Offset`, as the AVX-512 matmul runs it); T: 4 (default), 8 or 16.
 
 use civetta::quant::{self, GgmlType};
 use rand::{Rng, SeedableRng};
@@ -77,6 +77,7 @@ fn main() {
     let mut sink = 0f32;
     for _ in 0..passes {
         sink += match tile {
+            16 => run::<16>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
             8 => run::<8>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
             _ => run::<4>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
         };
