@@ -15,10 +15,12 @@ mod float;
 mod k_quants;
 mod legacy;
 mod mxfp4;
+mod q8_0_prefill;
 pub(crate) mod simd;
 
 pub use crate::gguf::GgmlType;
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use q8_0_prefill::{has_q8_0_offset_tile, vec_dot_rows_q8_0_offset, Q8_0Offset};
 pub use simd::SimdLevel;
 
 use anyhow::bail;
@@ -270,6 +272,12 @@ pub fn vec_dot_rows_tile<const T: usize>(weight: GgmlType, w_rows: &[u8], act_ro
         let [v] = simd::dot_tile_at::<1, T>(level, weight, [w], act_rows, n);
         *o = v;
     }
+}
+
+/// How many activation rows the prefill GEMM passes to one `vec_dot_rows_tile` call for this
+/// type on this CPU (8 or 4; `simd::prefill_tile_rows`).
+pub fn prefill_tile_rows(weight: GgmlType) -> usize {
+    simd::prefill_tile_rows(simd::level(), weight)
 }
 
 /// Whether this type has tile kernels on this CPU (`vec_dot_rows_tile`, `vec_dot_q4_1_x4`,

@@ -535,6 +535,10 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
                 // Rows at odd addresses.
                 let (w_odd, a_odd): (Vec<&[u8]>, Vec<&[u8]>) = (w1.iter().map(|v| &v[1..]).collect(), a1.iter().map(|v| &v[1..]).collect());
                 assert_tile_is_single_dots::<3, 2>(level, t, &w_odd, &a_odd, n);
+                // The 1 x 8 prefill tile (and 2 x 8), aligned and odd rows mixed.
+                let a8: Vec<&[u8]> = (0..8).map(|j| if j % 2 == 0 { a[j / 2] } else { a_odd[3 - j / 2] }).collect();
+                assert_tile_is_single_dots::<1, 8>(level, t, &w, &a8, n);
+                assert_tile_is_single_dots::<2, 8>(level, t, &w_odd, &a8, n);
                 // The prefill form with block-major f32 scales, on rows 1..5 of a 6-row matrix.
                 if t == GgmlType::Q4_1 && level == simd::level() {
                     let matrix: Vec<u8> = [3, 0, 1, 2, 3, 1].iter().flat_map(|&i| a[i].iter().copied()).collect();
@@ -544,6 +548,28 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
                         let want = vec_dot_at(level, t, w[0], a[i], n).unwrap();
                         assert_eq!(scaled[i].to_bits(), want.to_bits(), "{t} n={n} scaled 1x4 act {i}: {} vs {want}", scaled[i]);
                     }
+                }
+                // The Q8_0 prefill form (offset activations) through its matmul entry: 5 weight
+                // rows (odd addresses) against activation rows 1..9 and 0..4 of a 9-row matrix.
+                if t == GgmlType::Q8_0 && level == SimdLevel::Avx512Vnni && super::has_q8_0_offset_tile() {
+                    let order = [2, 0, 1, 3, 3, 2, 1, 0, 2];
+                    let matrix: Vec<u8> = order.iter().flat_map(|&i| a[i].iter().copied()).collect();
+                    let off = super::Q8_0Offset::new(&matrix, order.len(), n);
+                    let rows: Vec<u8> = [0, 1, 2, 3, 1].iter().flat_map(|&i| w_odd[i].iter().copied()).collect();
+                    let (mut out8, mut out4) = ([[0f32; 8]; 5], [[0f32; 4]; 5]);
+                    super::vec_dot_rows_q8_0_offset(&rows, &matrix, &off, 1, &mut out8);
+                    super::vec_dot_rows_q8_0_offset(&rows, &matrix, &off, 0, &mut out4);
+                    for (r, &i) in [0, 1, 2, 3, 1].iter().enumerate() {
+                        for j in 0..8 {
+                            let want = vec_dot(t, w[i], a[order[1 + j]], n);
+                            assert_eq!(out8[r][j].to_bits(), want.to_bits(), "Q8_0 offset n={n} row {r} act {}", 1 + j);
+                        }
+                        for j in 0..4 {
+                            let want = vec_dot(t, w[i], a[order[j]], n);
+                            assert_eq!(out4[r][j].to_bits(), want.to_bits(), "Q8_0 offset n={n} row {r} act {j}");
+                        }
+                    }
+                    tiled.insert("Q8_0 offset".to_string());
                 }
                 // The matmul's entry: consecutive weight rows (an odd count) against 3 rows.
                 if level == simd::level() {
@@ -574,6 +600,9 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
             [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
         {
             assert!(tiled.contains(&format!("{t}@avx512vnni")), "an AVX-512 VNNI CPU has the {t} tile kernel");
+        }
+        if simd::level() == SimdLevel::Avx512Vnni {
+            assert!(tiled.contains("Q8_0 offset"), "the Q8_0 offset tile was checked");
         }
     }
 }

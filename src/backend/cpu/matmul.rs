@@ -71,6 +71,15 @@ impl MatmulSplit {
     }
 }
 
+/// Stores a tile's results: out[i][j] is weight row r0 + i against activation row tok + j.
+fn store_tile<const T: usize>(out: &[[f32; T]], tok: usize, r0: usize, store: &impl Fn(usize, usize, f32)) {
+    for (i, v) in out.iter().enumerate() {
+        for (j, v) in v.iter().enumerate() {
+            store(tok + j, r0 + i, *v);
+        }
+    }
+}
+
 impl CpuBackend {
     /// Weights of one type and width (q/k/v, gate/up) share one activation quantisation and
     /// one parallel region; their row blocks are the work items of that region.
@@ -113,13 +122,17 @@ impl CpuBackend {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
-                // Within an item, where the type has tile kernels: one weight row by four
-                // activation rows while four are left (prefill: both sit in L1, each weight
+                // Within an item, where the type has tile kernels: one weight row by eight
+                // activation rows while eight are left where `prefill_tile_rows` says 8 (the
+                // AVX-512 Q4_K/Q5_K tiles; Q8_0 on AVX-512 reads its activations in the offset
+                // form, `quant::Q8_0Offset`), then by four while four are left (prefill: both sit in L1, each weight
                 // block unpacked once per four dots; for Q4_1 the activation scales read as
                 // f32, block-major), then one by the last two or three (batched decode); a
                 // single activation row (all of plain decode) as one matrix-vector call over
                 // the block's weight rows.
                 let tiles = quant::has_dot_tile(t);
+                let q8_0_offset =
+                    (t == GgmlType::Q8_0 && rows >= 4 && quant::has_q8_0_offset_tile()).then(|| quant::Q8_0Offset::new(&acts, rows, k));
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
@@ -132,6 +145,28 @@ impl CpuBackend {
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
                     let mut tok = tok0;
+                    if let Some(off) = &q8_0_offset {
+                        let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];
+                        while tok + 8 <= tok1 {
+                            quant::vec_dot_rows_q8_0_offset(w_block, &acts, off, tok, &mut out8[..r1 - r0]);
+                            store_tile(&out8[..r1 - r0], tok, r0, &store);
+                            tok += 8;
+                        }
+                        let mut out4 = [[0f32; 4]; MAX_BLOCK_ROWS];
+                        while tok + 4 <= tok1 {
+                            quant::vec_dot_rows_q8_0_offset(w_block, &acts, off, tok, &mut out4[..r1 - r0]);
+                            store_tile(&out4[..r1 - r0], tok, r0, &store);
+                            tok += 4;
+                        }
+                    } else if tiles && quant::prefill_tile_rows(t) == 8 {
+                        let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];
+                        while tok + 8 <= tok1 {
+                            let act8: [&[u8]; 8] = std::array::from_fn(|j| act(tok + j));
+                            quant::vec_dot_rows_tile(t, w_block, act8, k, &mut out8[..r1 - r0]);
+                            store_tile(&out8[..r1 - r0], tok, r0, &store);
+                            tok += 8;
+                        }
+                    }
                     if tiles {
                         let mut tile_out = [[0f32; 4]; MAX_BLOCK_ROWS];
                         while tok + 4 <= tok1 {

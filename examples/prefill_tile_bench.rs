@@ -1,0 +1,92 @@
+//! Single-threaded cost of the prefill GEMM's inner step (`quant::vec_dot_rows_tile`) per weight
+//! type: a ROWS x COLS weight matrix against TOKENS activation rows, walked as the CPU matmul
+//! walks one work item (16-row weight blocks, T activation rows per tile). Meant to run under
+//! `perf stat -e task-clock` (the shared VM has no cycle counters): the work is fixed, so
+//! task-clock per run compares kernels.
+//!
+//! cargo run --release --example prefill_tile_bench -- TYPE [T] [PASSES] [ROWS] [COLS] [TOKENS]
+//! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, or q8_0o (Q8_0 through the offset-form activations,
+//! `quant::Q8_0Offset`, as the AVX-512 matmul runs it); T: 4 (default), 8 or 16.
+
+use civetta::quant::{self, GgmlType};
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+
+fn parse_type(s: &str) -> GgmlType {
+    match s {
+        "q4_k" => GgmlType::Q4_K,
+        "q5_k" => GgmlType::Q5_K,
+        "q6_k" => GgmlType::Q6_K,
+        "q8_0" | "q8_0o" => GgmlType::Q8_0,
+        "q4_0" => GgmlType::Q4_0,
+        "q5_0" => GgmlType::Q5_0,
+        other => panic!("unknown type {other}"),
+    }
+}
+
+fn run<const T: usize>(
+    t: GgmlType,
+    w: &[u8],
+    acts: &[u8],
+    off: Option<&quant::Q8_0Offset>,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+) -> f32 {
+    let row_bytes = t.row_bytes(cols).unwrap();
+    let act_bytes = acts.len() / tokens;
+    let mut sink = 0f32;
+    let mut out = [[0f32; T]; 16];
+    for r0 in (0..rows).step_by(16) {
+        let r1 = (r0 + 16).min(rows);
+        let block = &w[r0 * row_bytes..r1 * row_bytes];
+        for tok in (0..tokens - tokens % T).step_by(T) {
+            let a: [&[u8]; T] = std::array::from_fn(|j| &acts[(tok + j) * act_bytes..(tok + j + 1) * act_bytes]);
+            match off {
+                Some(off) => quant::vec_dot_rows_q8_0_offset(block, acts, off, tok, &mut out[..r1 - r0]),
+                None => quant::vec_dot_rows_tile(t, block, a, cols, &mut out[..r1 - r0]),
+            }
+            sink += out[0][0];
+        }
+    }
+    sink
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let name = args.first().map(String::as_str).unwrap_or("q4_k");
+    let t = parse_type(name);
+    let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let (tile, passes, rows, cols, tokens) = (num(1, 4), num(2, 4), num(3, 2048), num(4, 2048), num(5, 64));
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let row_bytes = t.row_bytes(cols).expect("cols must be a multiple of 256");
+    let mut w = vec![0u8; rows * row_bytes];
+    for row in w.chunks_mut(row_bytes) {
+        let x: Vec<f32> = (0..cols).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
+        quant::quantize_row(t, &x, row).unwrap();
+    }
+    let fmt = quant::act_format(t);
+    let act_bytes = quant::act_row_bytes(fmt, cols);
+    let mut acts = vec![0u8; tokens * act_bytes];
+    for row in acts.chunks_mut(act_bytes) {
+        let x: Vec<f32> = (0..cols).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
+        quant::quantize_act_row(fmt, &x, row);
+    }
+    let off = (name == "q8_0o").then(|| quant::Q8_0Offset::new(&acts, tokens, cols));
+    let start = Instant::now();
+    let mut sink = 0f32;
+    for _ in 0..passes {
+        sink += match tile {
+            16 => run::<16>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+            8 => run::<8>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+            _ => run::<4>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+        };
+    }
+    let s = start.elapsed().as_secs_f64();
+    let macs = (passes * rows * cols * tokens) as f64;
+    println!(
+        "{name} 1x{tile} tile, {rows} x {cols} x {tokens} tokens, {passes} passes: {:.3} s wall, {:.2} GMAC/s (sink {sink})",
+        s,
+        macs / s / 1e9
+    );
+}
