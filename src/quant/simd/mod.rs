@@ -217,20 +217,27 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
         // SAFETY: see the caller (quant::vec_dot_q4_1_rows); the level is available.
         unsafe {
             if level() == SimdLevel::Avx512Vnni {
-                // Four weight rows per tile (16 f32 accumulators at G = 2, within the 32
-                // registers), then one at a time.
+                // Tiles of 8 f32 accumulators (4 weight rows at G = 1, 2 at G = 2: with 16 the
+                // compiler spills them), then one row at a time.
                 let mut r = 0;
-                while r + 4 <= out.len() {
-                    let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<4, G, O>(
-                        [row(r), row(r + 1), row(r + 2), row(r + 3)],
-                        a,
-                        d,
-                        s,
-                        stride,
-                        nb,
-                    );
-                    out[r..r + 4].copy_from_slice(&t);
-                    r += 4;
+                if G == 1 {
+                    while r + 4 <= out.len() {
+                        let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<4, G, O>(
+                            [row(r), row(r + 1), row(r + 2), row(r + 3)],
+                            a,
+                            d,
+                            s,
+                            stride,
+                            nb,
+                        );
+                        out[r..r + 4].copy_from_slice(&t);
+                        r += 4;
+                    }
+                }
+                while r + 2 <= out.len() {
+                    let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<2, G, O>([row(r), row(r + 1)], a, d, s, stride, nb);
+                    out[r..r + 2].copy_from_slice(&t);
+                    r += 2;
                 }
                 for r in r..out.len() {
                     out[r] = avx512::tiles_multi::dot_q4_1_rows_scaled::<1, G, O>([row(r)], a, d, s, stride, nb)[0];
