@@ -199,6 +199,7 @@ pub(crate) fn dot_q4_1_x4_scaled(w: &[u8], a: [&[u8]; 4], d: &[f32], s: &[f32], 
 /// `dot_q4_1_x4_scaled(row r, a[4g..4g + 4], d[4g..], s[4g..], stride, nb)[j]`. AVX-512 runs
 /// tiles of several weight rows (`avx512::tiles_multi`) that share the activation loads;
 /// AVX2 the one-row kernel per row and group. The caller checked the level and the lengths.
+#[allow(clippy::too_many_arguments)] // the x4 kernel's arguments plus the row size and output
 pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
     w_block: &[u8],
     row_bytes: usize,
@@ -239,8 +240,9 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
                     out[r..r + 2].copy_from_slice(&t);
                     r += 2;
                 }
-                for r in r..out.len() {
-                    out[r] = avx512::tiles_multi::dot_q4_1_rows_scaled::<1, G, O>([row(r)], a, d, s, stride, nb)[0];
+                let first_left = r;
+                for (r, o) in out.iter_mut().enumerate().skip(first_left) {
+                    *o = avx512::tiles_multi::dot_q4_1_rows_scaled::<1, G, O>([row(r)], a, d, s, stride, nb)[0];
                 }
             } else {
                 for (r, o) in out.iter_mut().enumerate() {
