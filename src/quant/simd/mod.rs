@@ -214,6 +214,10 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         let row = |r: usize| w_block[r * row_bytes..].as_ptr();
+        // Decode streams the weights from memory: ask for them PREFETCH_BYTES ahead, as the
+        // matvec does (a hint past the block's end is harmless).
+        let ahead = prefetch_ahead(row_bytes);
+        let fetch = |r: usize, rows: usize| prefetch(row(r).wrapping_add(ahead), rows * row_bytes);
         let (a, d, s) = (a.map(|r| r.as_ptr()), d.as_ptr(), s.as_ptr());
         // SAFETY: see the caller (quant::vec_dot_q4_1_rows); the level is available.
         unsafe {
@@ -223,6 +227,7 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
                 let mut r = 0;
                 if G == 1 {
                     while r + 4 <= out.len() {
+                        fetch(r, 4);
                         let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<4, G, O>(
                             [row(r), row(r + 1), row(r + 2), row(r + 3)],
                             a,
@@ -236,6 +241,7 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
                     }
                 }
                 while r + 2 <= out.len() {
+                    fetch(r, 2);
                     let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<2, G, O>([row(r), row(r + 1)], a, d, s, stride, nb);
                     out[r..r + 2].copy_from_slice(&t);
                     r += 2;
