@@ -213,6 +213,31 @@ pub fn vec_dot_q4_1_x4(w_row: &[u8], act_rows: [&[u8]; 4], scales: &Q8_1Scales, 
     simd::dot_q4_1_x4_scaled(w_row, act_rows, &scales.d[first..], &scales.s[first..], scales.rows, nb)
 }
 
+/// `vec_dot_q4_1_x4` for the `out.len()` consecutive Q4_1 weight rows of `w_rows` against
+/// activation rows `first..first + O` (O = 4G = 4 or 8) of a Q8_1 matrix with scales
+/// `scales`: out[r][t] is bit for bit `vec_dot(Q4_1, row r, act_rows[t], n)`. Batched decode
+/// runs this (tiles of several weight rows share each activation block's loads); call only
+/// where `has_dot_tile(Q4_1)`.
+pub fn vec_dot_q4_1_rows<const G: usize, const O: usize>(
+    w_rows: &[u8],
+    act_rows: [&[u8]; O],
+    scales: &Q8_1Scales,
+    first: usize,
+    n: usize,
+    out: &mut [[f32; O]],
+) {
+    assert!(has_dot_tile(GgmlType::Q4_1), "no Q4_1 tile kernel on this CPU");
+    assert_eq!(O, 4 * G, "vec_dot_q4_1_rows: O must be 4G");
+    let row_bytes = GgmlType::Q4_1.row_bytes(n).expect("n is a multiple of 32");
+    assert!(w_rows.len() >= out.len() * row_bytes, "vec_dot_q4_1_rows: {} weight rows of {n}", out.len());
+    for a in act_rows {
+        check_dot_args(GgmlType::Q4_1, &w_rows[..row_bytes], a, n);
+    }
+    let nb = n / legacy::QK;
+    assert!(first + O <= scales.rows && scales.d.len() == nb * scales.rows && scales.s.len() == nb * scales.rows);
+    simd::dot_q4_1_rows_scaled::<G, O>(w_rows, row_bytes, act_rows, &scales.d[first..], &scales.s[first..], scales.rows, nb, out);
+}
+
 /// out[r] = `vec_dot(weight, row r of w_rows, act_row, n)` for the `out.len()` consecutive
 /// weight rows in `w_rows` (a matrix-vector product over a row range, as decode runs it), bit
 /// for bit; one length check for the whole range. Prefetches `simd::PREFETCH_BYTES` (whole rows)

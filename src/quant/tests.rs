@@ -548,6 +548,27 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
                         let want = vec_dot_at(level, t, w[0], a[i], n).unwrap();
                         assert_eq!(scaled[i].to_bits(), want.to_bits(), "{t} n={n} scaled 1x4 act {i}: {} vs {want}", scaled[i]);
                     }
+                    // The batched-decode form: 9 consecutive weight rows (two 4-row tiles and
+                    // one left over) against 4 and 8 rows of an 11-row matrix, from row 2.
+                    let order = [3, 1, 0, 2, 2, 0, 1, 3, 1, 2, 0];
+                    let matrix: Vec<u8> = order.iter().flat_map(|&i| a[i].iter().copied()).collect();
+                    let scales = super::Q8_1Scales::new(&matrix, order.len(), n);
+                    let w_order = [0, 1, 2, 3, 3, 2, 1, 0, 2];
+                    let w_rows: Vec<u8> = w_order.iter().flat_map(|&i| w[i].iter().copied()).collect();
+                    let act8: [&[u8]; 8] = std::array::from_fn(|j| a[order[2 + j]]);
+                    let mut out8 = [[0f32; 8]; 9];
+                    super::vec_dot_q4_1_rows::<2, 8>(&w_rows, act8, &scales, 2, n, &mut out8);
+                    let mut out4 = [[0f32; 4]; 9];
+                    super::vec_dot_q4_1_rows::<1, 4>(&w_rows, [act8[0], act8[1], act8[2], act8[3]], &scales, 2, n, &mut out4);
+                    for (r, &wi) in w_order.iter().enumerate() {
+                        for j in 0..8 {
+                            let want = vec_dot_at(level, t, w[wi], act8[j], n).unwrap();
+                            assert_eq!(out8[r][j].to_bits(), want.to_bits(), "{t} n={n} q4_1 rows 8: weight row {r} act {j}");
+                            if j < 4 {
+                                assert_eq!(out4[r][j].to_bits(), want.to_bits(), "{t} n={n} q4_1 rows 4: weight row {r} act {j}");
+                            }
+                        }
+                    }
                 }
                 // The Q8_0 prefill form (offset activations) through its matmul entry: 5 weight
                 // rows (odd addresses) against activation rows 1..9 and 0..4 of a 9-row matrix.

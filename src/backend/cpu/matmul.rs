@@ -141,7 +141,6 @@ impl CpuBackend {
                     let r1 = (r0 + block).min(n);
                     let (tok0, tok1) = (chunk * tok_chunk, ((chunk + 1) * tok_chunk).min(rows));
                     let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
-                    let weight_row = |r: usize| &bytes[r * w_bytes..(r + 1) * w_bytes];
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
                     let mut tok = tok0;
@@ -168,13 +167,26 @@ impl CpuBackend {
                         }
                     }
                     if tiles {
+                        // Q4_1: eight activation rows at a time while eight are left (batched
+                        // decode at 8+ sequences: each weight block unpacked once per eight).
+                        if let Some(scales) = &q8_1_scales {
+                            let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];
+                            while tok + 8 <= tok1 {
+                                let act8 = std::array::from_fn(|j| act(tok + j));
+                                quant::vec_dot_q4_1_rows::<2, 8>(w_block, act8, scales, tok, k, &mut out8[..r1 - r0]);
+                                for (i, v) in out8[..r1 - r0].iter().enumerate() {
+                                    for (j, v) in v.iter().enumerate() {
+                                        store(tok + j, r0 + i, *v);
+                                    }
+                                }
+                                tok += 8;
+                            }
+                        }
                         let mut tile_out = [[0f32; 4]; MAX_BLOCK_ROWS];
                         while tok + 4 <= tok1 {
                             let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
                             if let Some(scales) = &q8_1_scales {
-                                for r in r0..r1 {
-                                    tile_out[r - r0] = quant::vec_dot_q4_1_x4(weight_row(r), act4, scales, tok, k);
-                                }
+                                quant::vec_dot_q4_1_rows::<1, 4>(w_block, act4, scales, tok, k, &mut tile_out[..r1 - r0]);
                             } else {
                                 quant::vec_dot_rows_tile(t, w_block, act4, k, &mut tile_out[..r1 - r0]);
                             }

@@ -18,6 +18,7 @@ use super::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) mod tiles;
+pub(super) mod tiles_multi;
 
 /// # Safety
 /// The CPU must support avx512f/bw/vl/vnni, avx2, fma and f16c; the rows must hold n elements.

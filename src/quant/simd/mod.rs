@@ -234,6 +234,76 @@ pub(crate) fn dot_q8_0_offset_tile<const T: usize>(
     unreachable!("has_q8_0_offset_tile is false off x86-64")
 }
 
+/// `dot_q4_1_x4_scaled` for every weight row of `w_block` (rows of `row_bytes`, one per
+/// `out` entry) against 4G activation rows (O = 4G): out[r][4g + j] is bit for bit
+/// `dot_q4_1_x4_scaled(row r, a[4g..4g + 4], d[4g..], s[4g..], stride, nb)[j]`. AVX-512 runs
+/// tiles of several weight rows (`avx512::tiles_multi`) that share the activation loads;
+/// AVX2 the one-row kernel per row and group. The caller checked the level and the lengths.
+#[allow(clippy::too_many_arguments)] // the x4 kernel's arguments plus the row size and output
+pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
+    w_block: &[u8],
+    row_bytes: usize,
+    a: [&[u8]; O],
+    d: &[f32],
+    s: &[f32],
+    stride: usize,
+    nb: usize,
+    out: &mut [[f32; O]],
+) {
+    assert!(O == 4 * G && w_block.len() >= out.len() * row_bytes);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let row = |r: usize| w_block[r * row_bytes..].as_ptr();
+        // Decode streams the weights from memory: ask for them PREFETCH_BYTES ahead, as the
+        // matvec does (a hint past the block's end is harmless).
+        let ahead = prefetch_ahead(row_bytes);
+        let fetch = |r: usize, rows: usize| prefetch(row(r).wrapping_add(ahead), rows * row_bytes);
+        let (a, d, s) = (a.map(|r| r.as_ptr()), d.as_ptr(), s.as_ptr());
+        // SAFETY: see the caller (quant::vec_dot_q4_1_rows); the level is available.
+        unsafe {
+            if level() == SimdLevel::Avx512Vnni {
+                // Tiles of 8 f32 accumulators (4 weight rows at G = 1, 2 at G = 2: with 16 the
+                // compiler spills them), then one row at a time.
+                let mut r = 0;
+                if G == 1 {
+                    while r + 4 <= out.len() {
+                        fetch(r, 4);
+                        let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<4, G, O>(
+                            [row(r), row(r + 1), row(r + 2), row(r + 3)],
+                            a,
+                            d,
+                            s,
+                            stride,
+                            nb,
+                        );
+                        out[r..r + 4].copy_from_slice(&t);
+                        r += 4;
+                    }
+                }
+                while r + 2 <= out.len() {
+                    fetch(r, 2);
+                    let t = avx512::tiles_multi::dot_q4_1_rows_scaled::<2, G, O>([row(r), row(r + 1)], a, d, s, stride, nb);
+                    out[r..r + 2].copy_from_slice(&t);
+                    r += 2;
+                }
+                let first_left = r;
+                for (r, o) in out.iter_mut().enumerate().skip(first_left) {
+                    *o = avx512::tiles_multi::dot_q4_1_rows_scaled::<1, G, O>([row(r)], a, d, s, stride, nb)[0];
+                }
+            } else {
+                for (r, o) in out.iter_mut().enumerate() {
+                    for g in 0..G {
+                        let a4 = [a[4 * g], a[4 * g + 1], a[4 * g + 2], a[4 * g + 3]];
+                        o[4 * g..4 * g + 4].copy_from_slice(&avx2::dot_q4_1_x4_scaled(row(r), a4, d.add(4 * g), s.add(4 * g), stride, nb));
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_tile is false off x86-64")
+}
+
 /// How far ahead of the row being read a matrix-vector product prefetches the weights, in
 /// rows. The hardware prefetchers alone leave a decode matvec waiting on DRAM (several row
 /// streams at once, each matrix a fresh start): with 8-16 rows ahead the Q4_1 matvec of a

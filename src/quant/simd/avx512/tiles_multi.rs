@@ -1,0 +1,94 @@
+//! AVX-512 Q4_1 tiles of several weight rows x 4G activation rows (batched decode: 2..16
+//! sequences), each output bit for bit `tiles::dot_q4_1_x4_scaled` (and so the single dot).
+//! Why faster: `dot_q4_1_x4_scaled` takes ONE weight row, so with R weight rows every
+//! activation block (two 2x32-byte loads + insert per four rows, the f32 scale loads) is
+//! loaded R times and every weight block (nibble unpack, f16 d/m) once per four activation
+//! rows; here the activation registers of a block are loaded once per R weight rows and the
+//! weight block unpacked once per 4G activation rows. Why exact: each (weight row, group of
+//! four activation rows) keeps its own accumulators with `dot_q4_1_x4_scaled`'s lane layout,
+//! the same per-block products (d_w * d_a, m_w * s_a), the same block order and the same
+//! final horizontal sums; only loads and integer unpacking are shared.
+#![allow(clippy::needless_range_loop)] // r/g index several parallel arrays at once.
+
+use super::*;
+
+/// `tiles::nibbles_16_twice` (kept private there): the 32 levels of one 4-bit block whose
+/// 16 nibble bytes start at p, in both 256-bit halves.
+#[inline(always)]
+unsafe fn nibbles_16_twice(p: *const u8) -> __m512i {
+    let x4 = _mm512_broadcast_i32x4(_mm_loadu_si128(p as _));
+    const S4: i64 = 0x0004_0004_0004_0004;
+    let shifts = _mm512_setr_epi64(0, 0, S4, S4, 0, 0, S4, S4);
+    _mm512_and_si512(_mm512_srlv_epi16(x4, shifts), _mm512_set1_epi8(0x0F))
+}
+
+/// The low and high 256-bit halves of an f32 register.
+#[inline(always)]
+unsafe fn halves(v: __m512) -> (__m256, __m256) {
+    (_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))))
+}
+
+/// Q4_1 weight rows `w[r]` against activation rows `a[4g + j]` (Q8_1, j = 0..3) whose f32
+/// scales are block-major at d / s (`d[i * stride + 4g + j]`): out[r][4g + j] is bit for bit
+/// `dot_q4_1_x4_scaled(w[r], a[4g..4g + 4], d + 4g, s + 4g, stride, nb)[j]`.
+///
+/// # Safety
+/// avx512f/bw/vl/vnni, avx2, fma, f16c; every row holds `nb` blocks; d and s hold
+/// `(nb - 1) * stride + 4G` values. `O` must be 4G (stable Rust has no const arithmetic in
+/// array lengths).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn dot_q4_1_rows_scaled<const R: usize, const G: usize, const O: usize>(
+    w: [*const u8; R],
+    a: [*const u8; O],
+    d: *const f32,
+    s: *const f32,
+    stride: usize,
+    nb: usize,
+) -> [[f32; O]; R] {
+    debug_assert_eq!(O, 4 * G);
+    let zero = _mm512_setzero_si512();
+    // acc[r][2g] holds activation rows 4g, 4g+1 (low, high half); acc[r][2g + 1] rows 4g+2, 4g+3.
+    let mut acc = [[[_mm512_setzero_ps(); 2]; G]; R];
+    let mut summs = [[_mm_setzero_ps(); G]; R];
+    for i in 0..nb {
+        let mut aq = [[_mm512_setzero_si512(); 2]; G];
+        let mut d_a = [_mm_setzero_ps(); G];
+        let mut s_a = [_mm_setzero_ps(); G];
+        for g in 0..G {
+            let act = |j: usize| a[4 * g + j].add(i * Q8_1_BYTES + 4);
+            aq[g] = [load_2x32(act(0), act(1)), load_2x32(act(2), act(3))];
+            d_a[g] = _mm_loadu_ps(d.add(i * stride + 4 * g));
+            s_a[g] = _mm_loadu_ps(s.add(i * stride + 4 * g));
+        }
+        for r in 0..R {
+            let bw = w[r].add(i * Q4_1_BYTES);
+            let q = nibbles_16_twice(bw.add(4));
+            let dm_w = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(bw) as i32)); // [d, m, 0, 0]
+            let (d_w, m_w) = (_mm_permute_ps::<0>(dm_w), _mm_permute_ps::<0b01_01_01_01>(dm_w));
+            for g in 0..G {
+                summs[r][g] = _mm_add_ps(summs[r][g], _mm_mul_ps(m_w, s_a[g]));
+                let sc = _mm_mul_ps(d_w, d_a[g]); // d_w * d_a[t]
+                let dot01 = _mm512_dpbusd_epi32(zero, q, aq[g][0]);
+                let dot23 = _mm512_dpbusd_epi32(zero, q, aq[g][1]);
+                acc[r][g][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot01), spread_pair::<0, 1>(sc), acc[r][g][0]);
+                acc[r][g][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot23), spread_pair::<2, 3>(sc), acc[r][g][1]);
+            }
+        }
+    }
+    let mut out = [[0f32; O]; R];
+    for r in 0..R {
+        for g in 0..G {
+            let mut m = [0f32; 4];
+            _mm_storeu_ps(m.as_mut_ptr(), summs[r][g]);
+            let ((l0, h0), (l1, h1)) = (halves(acc[r][g][0]), halves(acc[r][g][1]));
+            let v = [hsum256(l0) + m[0], hsum256(h0) + m[1], hsum256(l1) + m[2], hsum256(h1) + m[3]];
+            out[r][4 * g..4 * g + 4].copy_from_slice(&v);
+        }
+    }
+    out
+}
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u64 {
+    (p as *const u32).read_unaligned() as u64
+}
