@@ -408,7 +408,7 @@ impl BackendArgs {
             device: self.gpu_device,
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
-            batched_attention: false,
+            batched_attention: true,
             matvec_max_rows: 0,
             gemm_tile: self.gpu_gemm_tile.clone().unwrap_or_default(),
             weights: String::new(),

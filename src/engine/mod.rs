@@ -170,7 +170,7 @@ impl Engine {
         };
         // The activation buffers of the largest step, allocated once (model::Workspace).
         let workspace = model.new_workspace(ws_shape).context("allocating the forward pass's activation buffers")?;
-        tracing::info!(
+        tracing::debug!(
             rows = ws_shape.rows,
             logit_rows = ws_shape.logit_rows,
             bytes = ws_bytes,
