@@ -6,12 +6,13 @@
 //! alone: the first and last sequence are re-run one by one with the tokens the batch fed
 //! them, and their final logits compared (relative L2; docs/GPU.md's tolerance).
 //! `--profile` runs the steps once more with every launch timed and prints the kernels that
-//! take the most device time per step.
+//! take the most device time per step. `--paged 16` keeps the KV cache as the engine does on
+//! the CPU (one pool of 16-position blocks; `Backend::paged_kv` backends only).
 //!
 //! usage: batch_decode_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR]
 //!                           [--batches 1,2,4,8,16,32] [--steps 64] [--prompt 32]
 //!                           [--gpu-matvec dp4a] [--batched-attention] [--matvec-max-rows N]
-//!                           [--profile]
+//!                           [--profile] [--paged BLOCK]
 //! The defaults are the backend's: GEMM tiles above 4 rows, two attention launches per
 //! sequence and layer. `--matvec-max-rows 32 --batched-attention` is issue #17's batched
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`).
@@ -53,14 +54,31 @@ fn prompt(s: usize, len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + s * 104_729 + 13) % vocab) as u32).collect()
 }
 
-fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usize, vocab: usize) -> anyhow::Result<BatchRun> {
+fn run_batch(
+    model: &Model,
+    b: usize,
+    prompt_len: usize,
+    warm: usize,
+    steps: usize,
+    vocab: usize,
+    paged: usize,
+) -> anyhow::Result<BatchRun> {
     let prompts: Vec<Vec<u32>> = (0..b).map(|s| prompt(s, prompt_len, vocab)).collect();
-    let mut caches: Vec<KvCache> = (0..b).map(|_| model.new_cache(prompt_len + warm + steps + 1)).collect::<anyhow::Result<_>>()?;
+    let capacity = prompt_len + warm + steps + 1;
+    // `--paged BLOCK`: the engine's KV layout, one pool of BLOCK-position blocks shared by all
+    // sequences (each sequence gets its own run of blocks); else one contiguous cache each.
+    let mut pool = if paged > 0 { Some(model.new_kv_pool(b * capacity.div_ceil(paged), paged)?) } else { None };
+    let mut caches: Vec<KvCache> = if paged > 0 {
+        let per = capacity.div_ceil(paged);
+        (0..b).map(|s| KvCache::paged((s * per..(s + 1) * per).map(|x| x as u32).collect(), paged, 0)).collect()
+    } else {
+        (0..b).map(|_| model.new_cache(capacity)).collect::<anyhow::Result<_>>()?
+    };
     // The engine's activation buffers: allocated once, the same device addresses every step.
     let mut ws = model.new_workspace(WorkspaceShape { rows: b * prompt_len.max(1), logit_rows: b })?;
     let mut rows: Vec<SeqRows> =
         caches.iter_mut().zip(&prompts).map(|(cache, p)| SeqRows { cache, tokens: &p[..], logits: Logits::Last }).collect();
-    let mut last = model.forward_batch_with(None, &mut ws, &mut rows)?;
+    let mut last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
     drop(rows);
     let mut fed: Vec<Vec<u32>> = vec![Vec::new(); b];
     let mut t0 = Instant::now();
@@ -74,7 +92,7 @@ fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usi
         }
         let mut rows: Vec<SeqRows> =
             caches.iter_mut().zip(&next).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
-        last = model.forward_batch_with(None, &mut ws, &mut rows)?;
+        last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
     }
     Ok(BatchRun { seconds: t0.elapsed().as_secs_f64(), fed, last })
 }
@@ -99,6 +117,7 @@ fn main() -> anyhow::Result<()> {
     let steps: usize = arg(&args, "--steps", "64").parse()?;
     let prompt_len: usize = arg(&args, "--prompt", "32").parse()?;
     let profile = args.iter().any(|a| a == "--profile");
+    let paged: usize = arg(&args, "--paged", "0").parse()?;
     let opts = GpuOptions {
         kernel_dir: arg(&args, "--kernel-dir", "").into(),
         matvec: arg(&args, "--gpu-matvec", ""),
@@ -117,7 +136,7 @@ fn main() -> anyhow::Result<()> {
     let mut base = None;
     for &b in &batches {
         kernel_registry::configure(false, 1.0);
-        let r = run_batch(&model, b, prompt_len, warm, steps, vocab)?;
+        let r = run_batch(&model, b, prompt_len, warm, steps, vocab, paged)?;
         let tps = (b * steps) as f64 / r.seconds;
         let base_tps = *base.get_or_insert(tps / b as f64);
         let first = rel_l2(&r.last[0], &run_alone(&model, 0, prompt_len, &r.fed[0], vocab)?);
@@ -126,7 +145,7 @@ fn main() -> anyhow::Result<()> {
         if profile {
             kernel_registry::registry().reset();
             kernel_registry::configure(true, 1.0);
-            let r = run_batch(&model, b, prompt_len, 0, steps, vocab)?;
+            let r = run_batch(&model, b, prompt_len, 0, steps, vocab, paged)?;
             kernel_registry::configure(false, 1.0);
             let mut snap = kernel_registry::registry().snapshot();
             snap.sort_by(|a, b| b.total_seconds.total_cmp(&a.total_seconds));

@@ -35,10 +35,33 @@ struct Live {
 /// Runs the sequences together as the scheduler would: each step one decode row per
 /// decoding sequence, then prefill chunks (at most `chunk` tokens each) within `budget` rows.
 /// Sequences start at different steps (`start[i]`), so prefill and decode rows mix.
-fn batched(model: &Model, prompts: &[Vec<u32>], start: &[usize], new_tokens: usize, budget: usize, chunk: usize) -> Vec<Vec<Vec<f32>>> {
+/// `paged`: all sequences' caches in one KV pool of 16-position blocks, their block tables
+/// interleaved (sequence i owns blocks i, i + n, i + 2n, ... in reverse order), as the engine
+/// keeps them; the CPU backend then runs all sequences' attention of a layer as one call.
+fn batched(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    start: &[usize],
+    new_tokens: usize,
+    budget: usize,
+    chunk: usize,
+    paged: bool,
+) -> Vec<Vec<Vec<f32>>> {
+    const BLOCK: usize = 16;
+    let n = prompts.len();
+    let per_seq = prompts.iter().map(|p| (p.len() + new_tokens).div_ceil(BLOCK)).max().unwrap_or(0);
+    let mut pool = paged.then(|| model.new_kv_pool(n * per_seq, BLOCK).unwrap());
+    let cache = |i: usize, p: &[u32]| {
+        if paged {
+            KvCache::paged((0..per_seq).rev().map(|b| (b * n + i) as u32).collect(), BLOCK, 0)
+        } else {
+            model.new_cache(p.len() + new_tokens).unwrap()
+        }
+    };
     let mut live: Vec<Live> = prompts
         .iter()
-        .map(|p| Live { prompt: p.clone(), prefilled: 0, cache: model.new_cache(p.len() + new_tokens).unwrap(), last: 0, logits: vec![] })
+        .enumerate()
+        .map(|(i, p)| Live { prompt: p.clone(), prefilled: 0, cache: cache(i, p), last: 0, logits: vec![] })
         .collect();
     let mut step = 0;
     let mut mixed_steps = 0;
@@ -71,7 +94,7 @@ fn batched(model: &Model, prompts: &[Vec<u32>], start: &[usize], new_tokens: usi
             batch.push(SeqRows { cache: &mut l.cache, tokens, logits: want });
             who.push((i, range, decode));
         }
-        let logits = if batch.is_empty() { vec![] } else { model.forward_batch(&mut batch).unwrap() };
+        let logits = if batch.is_empty() { vec![] } else { model.forward_batch_in(pool.as_mut(), &mut batch).unwrap() };
         for ((i, range, decode), lg) in who.into_iter().zip(logits) {
             let l = &mut live[i];
             if !decode {
@@ -97,14 +120,19 @@ fn check_model(path: &Path, prompt_lens: &[usize], new_tokens: usize) {
     let prompts: Vec<Vec<u32>> = prompt_lens.iter().enumerate().map(|(i, &n)| prompt(n, i as u32, vocab)).collect();
     let alone: Vec<_> = prompts.iter().map(|p| solo(&model, p, new_tokens)).collect();
     // Two schedules: everyone at once with small chunks, and staggered arrivals with a budget
-    // that cuts chunks mid-prompt.
-    for (start, budget, chunk) in [(vec![0; prompts.len()], 40, 16), ((0..prompts.len()).map(|i| i * 3).collect(), 23, 64)] {
-        let together = batched(&model, &prompts, &start, new_tokens, budget, chunk);
+    // that cuts chunks mid-prompt; each with one contiguous cache per sequence and with one
+    // shared paged pool.
+    let all_at_once = (vec![0; prompts.len()], 40, 16);
+    let staggered = ((0..prompts.len()).map(|i| i * 3).collect(), 23, 64);
+    for ((start, budget, chunk), paged) in
+        [(all_at_once.clone(), false), (staggered.clone(), false), (all_at_once, true), (staggered, true)]
+    {
+        let together = batched(&model, &prompts, &start, new_tokens, budget, chunk, paged);
         for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
             for (t, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!(
                     bits(x) == bits(y),
-                    "{}: sequence {i} (prompt {}) token {t}: batched logits differ from the solo run (budget {budget}, chunk {chunk})",
+                    "{}: sequence {i} (prompt {}) token {t}: batched logits differ from the solo run (budget {budget}, chunk {chunk}, paged {paged})",
                     path.display(),
                     prompts[i].len()
                 );

@@ -114,6 +114,13 @@ impl<'a> KvBlocks<'a> {
     }
 }
 
+/// One sequence of `Backend::attention_paged_many`: its block table and its rows' geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqAttention<'a> {
+    pub blocks: KvBlocks<'a>,
+    pub shape: AttentionShape,
+}
+
 pub trait Backend: Send + Sync {
     /// "cpu", "hip", "cuda".
     fn name(&self) -> &'static str;
@@ -254,6 +261,29 @@ pub trait Backend: Send + Sync {
     fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, shape: AttentionShape, out: &mut Buffer) {
         let _ = (q, k_pool, v_pool, blocks, shape, out);
         unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+    }
+    /// `attention_paged` (or `attention_with_sinks` when `sinks` is given) of several
+    /// sequences of one batch over the same pool, one call per layer instead of one per
+    /// sequence: each sequence's rows (`shape.first_row`..) attend over its own block table,
+    /// bit for bit the per-sequence calls. A backend may run all sequences' heads as one
+    /// parallel region (the CPU backend: a decode step of 8 sequences is 8 x n_head_kv work
+    /// items at once instead of 8 regions of n_head_kv); the default makes the calls in order.
+    fn attention_paged_many(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        seqs: &[SeqAttention<'_>],
+        sinks: Option<&[f32]>,
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        for s in seqs {
+            match sinks {
+                Some(sinks) => self.attention_with_sinks(q, k_pool, v_pool, s.blocks, s.shape, sinks, out)?,
+                None => self.attention_paged(q, k_pool, v_pool, s.blocks, s.shape, out),
+            }
+        }
+        Ok(())
     }
     /// `attention` (or `attention_paged` with a block table; `KvBlocks::CONTIGUOUS` for one
     /// contiguous cache) with gpt-oss's attention sinks: query head h's softmax denominator

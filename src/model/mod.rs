@@ -19,7 +19,7 @@ mod workspace;
 pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, RopeScalingKind, RopeScalingParams, SlidingWindow, SUPPORTED_ARCHS};
 pub use workspace::{MoeWorkspace, Workspace, WorkspaceShape};
 
-use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, Weight};
+use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, SeqAttention, Weight};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 use std::sync::Arc;
@@ -512,7 +512,9 @@ impl Model {
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
             let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att);
-            // Ragged part: each sequence stores its rows and attends over its own cache.
+            // Ragged part: each sequence stores its rows and attends over its own cache; the
+            // sequences of the pool attend in one call (one parallel region on the CPU).
+            let mut paged: Vec<SeqAttention<'_>> = Vec::new();
             for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
                 let (start, len) = (s.cache.len, s.tokens.len());
                 let shape = AttentionShape {
@@ -540,12 +542,13 @@ impl Model {
                             _ => KvBlocks::new(blocks, *block_size),
                         };
                         be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
-                        match sinks {
-                            Some(sinks) => be.attention_with_sinks(q, &p.k[li], &p.v[li], table, shape, sinks, att)?,
-                            None => be.attention_paged(q, &p.k[li], &p.v[li], table, shape, att),
-                        }
+                        paged.push(SeqAttention { blocks: table, shape });
                     }
                 }
+            }
+            if !paged.is_empty() {
+                let p = pool.as_deref().expect("paged sequences have their pool");
+                be.attention_paged_many(q, &p.k[li], &p.v[li], &paged, a.sinks.as_deref(), att)?;
             }
             if layer.post_attn_norm.is_some() || a.bo.is_some() {
                 be.matmul(&a.wo, att, n, h);

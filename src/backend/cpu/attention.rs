@@ -3,7 +3,7 @@
 //! step-by-step row and the fused group kernels) are `quant::simd::attention`.
 
 use super::{buf, buf_mut, kv, kv_mut, CpuBackend};
-use crate::backend::{AttentionShape, Buffer, KvBlocks};
+use crate::backend::{AttentionShape, Buffer, KvBlocks, SeqAttention};
 use crate::quant::simd::attention as kernels;
 use rayon::prelude::*;
 
@@ -60,32 +60,66 @@ impl CpuBackend {
         sinks: Option<&[f32]>,
         out: &mut Buffer,
     ) {
+        self.attention_many_cpu(q, k_pool, v_pool, &[SeqAttention { blocks, shape: s }], sinks, out)
+    }
+
+    /// `attention_cpu` of several sequences (`Backend::attention_paged_many`) as one parallel
+    /// region: a work item is one token of one sequence and one GQA group (the group's query
+    /// heads are adjacent in q and in the output and read the same K/V rows), so a decode step
+    /// of 8 sequences is 8 x n_head_kv items on the pool at once (with 3 KV heads on 2 threads,
+    /// one sequence alone leaves a thread idle a third of the time). Each item computes what
+    /// it computes alone: the numbers do not depend on the batch.
+    pub(super) fn attention_many_cpu(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        seqs: &[SeqAttention<'_>],
+        sinks: Option<&[f32]>,
+        out: &mut Buffer,
+    ) {
+        let Some(first) = seqs.first() else { return };
+        let s0 = first.shape;
+        assert!(
+            seqs.iter().all(|a| (a.shape.n_head, a.shape.n_head_kv, a.shape.head_dim, a.shape.window)
+                == (s0.n_head, s0.n_head_kv, s0.head_dim, s0.window)),
+            "attention of one layer: every sequence has the same heads"
+        );
         let q = buf(q);
         let kc = kv(k_pool);
         let vc = kv(v_pool);
         let o = buf_mut(out);
-        let hd = s.head_dim;
-        let kv_dim = s.n_head_kv * hd;
-        let group = s.n_head / s.n_head_kv;
+        let hd = s0.head_dim;
+        let kv_dim = s0.n_head_kv * hd;
+        let group = s0.n_head / s0.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let q_dim = s.n_head * hd;
-        // One work item per token and GQA group: the group's query heads are adjacent in q
-        // and in the output, and read the same K/V rows.
+        let q_dim = s0.n_head * hd;
         let q_group = group * hd;
-        self.timed("attention", s.n_tokens, || {
+        // The rows the sequences cover (a batch's rows are its sequences' rows, in order) and,
+        // per row of that range, the sequence it belongs to.
+        let row0 = seqs.iter().map(|a| a.shape.first_row).min().unwrap_or(0);
+        let row1 = seqs.iter().map(|a| a.shape.first_row + a.shape.n_tokens).max().unwrap_or(0);
+        let mut row_seq = vec![u32::MAX; row1 - row0];
+        for (i, a) in seqs.iter().enumerate() {
+            let rows = a.shape.first_row - row0..a.shape.first_row + a.shape.n_tokens - row0;
+            assert!(row_seq[rows.clone()].iter().all(|&r| r == u32::MAX), "attention: two sequences share a row");
+            row_seq[rows].fill(i as u32);
+        }
+        let n_tokens: usize = seqs.iter().map(|a| a.shape.n_tokens).sum();
+        self.timed("attention", n_tokens, || {
             self.pool.install(|| {
-                let rows = s.first_row * q_dim..(s.first_row + s.n_tokens) * q_dim;
-                let (q, o) = (&q[rows.clone()], &mut o[rows]);
+                let (q, o) = (&q[row0 * q_dim..row1 * q_dim], &mut o[row0 * q_dim..row1 * q_dim]);
                 o.par_chunks_mut(q_group).enumerate().for_each_init(
                     || (vec![0u16; hd], vec![0f32; hd], kernels::GroupScratch::default()),
                     |(q16, acc, scratch), (idx, out_g)| {
-                        let t = idx / s.n_head_kv;
-                        let g = idx % s.n_head_kv;
-                        let qg = &q[t * q_dim + g * q_group..t * q_dim + (g + 1) * q_group];
-                        let end = s.start_pos + t + 1;
+                        let (row, g) = (idx / s0.n_head_kv, idx % s0.n_head_kv);
+                        let Some(a) = seqs.get(row_seq[row] as usize) else { return };
+                        let t = row + row0 - a.shape.first_row;
+                        let qg = &q[row * q_dim + g * q_group..row * q_dim + (g + 1) * q_group];
+                        let end = a.shape.start_pos + t + 1;
                         // A sliding-window layer sees only the last `window` positions.
-                        let first = s.window.map_or(0, |w| end.saturating_sub(w));
-                        let rows = kernels::KvRows { blocks, first, count: end - first, stride: kv_dim };
+                        let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
+                        let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
                         let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
                         if let Some(sinks) = sinks {
                             let heads = &sinks[g * group..(g + 1) * group];

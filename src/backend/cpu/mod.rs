@@ -8,7 +8,7 @@
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count.
 
-use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, SeqAttention, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
@@ -222,6 +222,24 @@ impl Backend for CpuBackend {
     /// contiguous cache is the one-block case, so both forms run the same arithmetic.
     fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
         self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out)
+    }
+
+    /// All sequences' heads as one parallel region (attention.rs), the same numbers as the
+    /// per-sequence calls.
+    fn attention_paged_many(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        seqs: &[SeqAttention<'_>],
+        sinks: Option<&[f32]>,
+        out: &mut Buffer,
+    ) -> anyhow::Result<()> {
+        if let (Some(sinks), Some(a)) = (sinks, seqs.first()) {
+            anyhow::ensure!(sinks.len() == a.shape.n_head, "{} attention sinks for {} heads", sinks.len(), a.shape.n_head);
+        }
+        self.attention_many_cpu(q, k_pool, v_pool, seqs, sinks, out);
+        Ok(())
     }
 
     /// The step-by-step row kernel with the sink folded in after the last key, as ggml's CPU
