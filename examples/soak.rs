@@ -476,14 +476,25 @@ fn main() {
         count(&warm, label) + count(&t, label) + retried
     };
     let server = |code: &str| d.metric("civetta_requests_total", &[("rpc", "Generate"), ("code", code)]) as usize;
+    // A stream the client drops, or whose deadline fires, just as the daemon sends its last
+    // message is complete for the daemon (OK) but not for the client: OK may exceed the
+    // client's count by at most those streams (a race of one message, seen in CI once in
+    // many runs), never fall short of it. The other codes must agree exactly.
+    let racing = total("DROPPED") + total("DEADLINE_EXCEEDED");
     for code in ["OK", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"] {
+        let slack = if code == "OK" { racing } else { 0 };
+        let agrees = |n: usize| n >= total(code) && n <= total(code) + slack;
         // A stream's counter moves just after its last message: allow a moment.
         let end = Instant::now() + Duration::from_secs(5);
-        while server(code) != total(code) && Instant::now() < end {
+        while !agrees(server(code)) && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(50));
         }
-        if server(code) != total(code) {
-            failures.push(format!("daemon counted {} Generate {code}, the client saw {}", server(code), total(code)));
+        if !agrees(server(code)) {
+            failures.push(format!(
+                "daemon counted {} Generate {code}, the client saw {} (+ at most {slack} streams it dropped or timed out as the daemon finished them)",
+                server(code),
+                total(code)
+            ));
         }
     }
     for code in ["UNKNOWN", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"] {
