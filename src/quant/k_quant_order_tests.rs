@@ -17,7 +17,7 @@
 //! dmin_w * d_a), and at the end the 16- and 8-lane trees of `hsum512`/`hsum256`:
 //! result = hsum16(acc) - hsum8(acc_min).
 
-use super::k_quants::{scale_min_k4, QK_K, Q8_K_BYTES};
+use super::k_quants::{scale_min_k4, Q8_K_BYTES, QK_K};
 use super::simd::{self, SimdLevel};
 use super::*;
 use rand::{Rng, SeedableRng};
@@ -80,7 +80,8 @@ fn avx512_order_dot(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
         let da = f32::from_le_bytes([ba[0], ba[1], ba[2], ba[3]]);
         let qa: Vec<i32> = ba[4..4 + QK_K].iter().map(|&v| v as i8 as i32).collect();
         let bsum: [i32; 16] = std::array::from_fn(|g| i16::from_le_bytes([ba[260 + 2 * g], ba[261 + 2 * g]]) as i32);
-        let prods = |lv: &[i32; QK_K], base: usize, lane: usize| -> i32 { (0..4).map(|e| lv[base + 4 * lane + e] * qa[base + 4 * lane + e]).sum() };
+        let prods =
+            |lv: &[i32; QK_K], base: usize, lane: usize| -> i32 { (0..4).map(|e| lv[base + 4 * lane + e] * qa[base + 4 * lane + e]).sum() };
         let mut lanes = [0i32; 16];
         let (d, dmin);
         if t == GgmlType::Q6_K {
@@ -208,7 +209,10 @@ fn avx512_k_quant_dots_follow_the_order_model_bit_for_bit() {
                         a1[3..].copy_from_slice(&a);
                         for (wr, ar) in [(&w[..], &a[..]), (&w1[1..], &a1[3..])] {
                             let got = vec_dot_at(SimdLevel::Avx512Vnni, t, wr, ar, n).unwrap();
-                            assert!(bits_equal(got, want), "{t} n={n} weights {wk} acts {ak} trial {trial}: kernel {got:e} vs model {want:e}");
+                            assert!(
+                                bits_equal(got, want),
+                                "{t} n={n} weights {wk} acts {ak} trial {trial}: kernel {got:e} vs model {want:e}"
+                            );
                         }
                     }
                 }
@@ -232,7 +236,12 @@ fn avx512_k_quant_tiles_follow_the_order_model_bit_for_bit() {
             let want: Vec<Vec<f32>> = w.iter().map(|w| a.iter().map(|a| avx512_order_dot(t, w, a, n)).collect()).collect();
             let check = |name: &str, got: &[f32], wi: usize, a0: usize| {
                 for (j, g) in got.iter().enumerate() {
-                    assert!(bits_equal(*g, want[wi][a0 + j]), "{t} n={n} {name} weight {wi} act {}: {g:e} vs model {:e}", a0 + j, want[wi][a0 + j]);
+                    assert!(
+                        bits_equal(*g, want[wi][a0 + j]),
+                        "{t} n={n} {name} weight {wi} act {}: {g:e} vs model {:e}",
+                        a0 + j,
+                        want[wi][a0 + j]
+                    );
                 }
             };
             macro_rules! tile {
