@@ -368,4 +368,6 @@ pub fn simd_level() -> &'static str {
 }
 
 #[cfg(test)]
+mod k_quant_order_tests;
+#[cfg(test)]
 mod tests;

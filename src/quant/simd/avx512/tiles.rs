@@ -122,12 +122,14 @@ unsafe fn kx_tile<const R: usize, const T: usize>(
             }
             let mv = _mm_cvtsi64_si128(mn as i64);
             let mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
-            let (d_w, dmin_w) = (f16c(rd16(bw) as u16), f16c(rd16(bw.add(2)) as u16));
+            let dm_w = dmin_pair(bw);
             for t in 0..T {
-                let (da, _, bsums) = q8k(a[t].add(i * Q8_K_BYTES));
+                let ba = a[t].add(i * Q8_K_BYTES);
+                let (_, _, bsums) = q8k(ba);
+                let (s, s_min) = scale_pair(dm_w, ba);
                 let msum = _mm256_madd_epi16(bsums, mins16);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(d_w * da), acc[r][t]);
-                acc_min[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin_w * da), acc_min[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), s, acc[r][t]);
+                acc_min[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), s_min, acc_min[r][t]);
             }
         }
     }
@@ -266,11 +268,6 @@ unsafe fn nibbles_16_twice(p: *const u8) -> __m512i {
 unsafe fn with_fifth_bits(q: __m512i, qh: *const u8) -> __m512i {
     let bits = (qh as *const u32).read_unaligned() as u64;
     _mm512_mask_add_epi8(q, bits | bits << 32, q, _mm512_set1_epi8(16))
-}
-
-#[inline(always)]
-unsafe fn rd32(p: *const u8) -> u64 {
-    (p as *const u32).read_unaligned() as u64
 }
 
 /// The low and high 256-bit halves of an f32 register.
