@@ -149,9 +149,6 @@ fn main() -> anyhow::Result<()> {
             }
             println!();
         }
-        if let Some(e) = be.take_error() {
-            return Err(e);
-        }
     }
     Ok(())
 }

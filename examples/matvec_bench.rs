@@ -56,19 +56,16 @@ fn main() -> anyhow::Result<()> {
     let mut dst = be.alloc(n)?;
     let mut times = Vec::new();
     for i in 0..12 {
-        be.synchronize();
+        be.synchronize()?;
         let t0 = Instant::now();
-        be.copy_row(&src, 0, n, &mut dst);
-        be.synchronize();
+        be.copy_row(&src, 0, n, &mut dst)?;
+        be.synchronize()?;
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
     drop((src, dst));
     let copy_gbs = 2.0 * (n * 4) as f64 / median(times) / 1e9;
-    if let Some(e) = be.take_error() {
-        return Err(e);
-    }
     println!("device {} | copy bandwidth {copy_gbs:.0} GB/s (read + write, 1 GiB, median of 10)\n", be.fingerprint()["device"]);
     println!("| tensor | type | N x K | rows | variant | kernel | µs / call | weight GB/s | of copy bw | µs, queued | rel. L2 vs CPU |");
     println!("|---|---|---|---:|---|---|---:|---:|---:|---:|---:|");
@@ -91,22 +88,22 @@ fn main() -> anyhow::Result<()> {
             let mut want = vec![0f32; rows * cw.rows];
             {
                 let mut x = cpu.alloc(rows * cw.cols)?;
-                cpu.write(&mut x, 0, &host);
+                cpu.write(&mut x, 0, &host)?;
                 let mut y = cpu.alloc(rows * cw.rows)?;
-                cpu.matmul(&cw, &x, rows, &mut y);
-                cpu.read(&y, 0, &mut want);
+                cpu.matmul(&cw, &x, rows, &mut y)?;
+                cpu.read(&y, 0, &mut want)?;
             }
             for (variant, be) in variants.iter().zip(&backends) {
                 let w = be.load_weight(&file, &name)?;
                 let mut x = be.alloc(rows * w.cols)?;
-                be.write(&mut x, 0, &host);
+                be.write(&mut x, 0, &host)?;
                 let mut y = be.alloc(rows * w.rows)?;
                 for _ in 0..10 {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let mut got = vec![0f32; rows * w.rows];
-                be.read(&y, 0, &mut got);
+                be.read(&y, 0, &mut got)?;
                 let (mut num, mut den) = (0f64, 0f64);
                 for (g, r) in got.iter().zip(&want) {
                     num += f64::from(g - r).powi(2);
@@ -116,21 +113,18 @@ fn main() -> anyhow::Result<()> {
                 // Queued back to back, untimed: launch gaps included.
                 let t0 = Instant::now();
                 for _ in 0..iters {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let queued = t0.elapsed().as_secs_f64() / iters as f64;
                 kernel_registry::configure(true, 1.0);
                 kernel_registry::registry().reset();
                 for _ in 0..iters {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let snap = kernel_registry::registry().snapshot();
                 kernel_registry::configure(false, 1.0);
-                if let Some(e) = be.take_error() {
-                    return Err(e);
-                }
                 // The mat-vec kernel of this call (the one with the most time of those launched
                 // `iters` times); a quantiser launch before it is added to its time.
                 let launched: Vec<_> = snap.iter().filter(|s| s.calls as usize >= iters && s.timed_calls > 0).collect();

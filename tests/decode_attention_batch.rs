@@ -29,50 +29,75 @@ impl Backend for Batching {
     fn supports(&self, t: GgmlType) -> bool {
         self.inner.supports(t)
     }
-    fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
+    fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
         self.inner.check_model(hp)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<Weight> {
         self.inner.load_weight(file, name)
     }
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc(&self, len: usize) -> civetta::backend::Result<Buffer> {
         self.inner.alloc(len)
     }
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc_kv_cache(&self, len: usize) -> civetta::backend::Result<Buffer> {
         self.inner.alloc_kv_cache(len)
     }
     fn kv_cache_elem_bytes(&self) -> usize {
         self.inner.kv_cache_elem_bytes()
     }
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) -> civetta::backend::Result<()> {
         self.inner.write(dst, offset, src)
     }
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
         self.inner.read(src, offset, dst)
     }
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> civetta::backend::Result<()> {
         self.inner.embed(table, tokens, out)
     }
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
+    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) -> civetta::backend::Result<()> {
         self.inner.rmsnorm(x, w, rows, dim, eps, out)
     }
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
+    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
     }
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
+    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) -> civetta::backend::Result<()> {
         self.inner.matmul(w, x, rows, out)
     }
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
+    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) -> civetta::backend::Result<()> {
         self.inner.add_bias(x, b, rows)
     }
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
+    fn rope(
+        &self,
+        x: &mut Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> civetta::backend::Result<()> {
         self.inner.rope(x, positions, n_heads, head_dim, freq_base, style)
     }
     #[allow(clippy::too_many_arguments)]
-    fn kv_store(&self, k: &Buffer, v: &Buffer, kc: &mut Buffer, vc: &mut Buffer, src_row: usize, start: usize, n: usize, kvd: usize) {
+    fn kv_store(
+        &self,
+        k: &Buffer,
+        v: &Buffer,
+        kc: &mut Buffer,
+        vc: &mut Buffer,
+        src_row: usize,
+        start: usize,
+        n: usize,
+        kvd: usize,
+    ) -> civetta::backend::Result<()> {
         self.inner.kv_store(k, v, kc, vc, src_row, start, n, kvd)
     }
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+    fn attention(
+        &self,
+        q: &Buffer,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        s: AttentionShape,
+        out: &mut Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.attention(q, k_cache, v_cache, s, out)
     }
     fn decode_attention_batch(
@@ -84,30 +109,30 @@ impl Backend for Batching {
         start_pos: &[usize],
         shape: AttentionShape,
         out: &mut Buffer,
-    ) -> bool {
+    ) -> civetta::backend::Result<bool> {
         if !self.take_batches {
-            return false;
+            return Ok(false);
         }
         assert_eq!(caches.len(), start_pos.len());
         self.batched_calls.fetch_add(1, Ordering::Relaxed);
         let kv_dim = shape.n_head_kv * shape.head_dim;
         for (row, ((kc, vc), &start)) in caches.iter_mut().zip(start_pos).enumerate() {
-            self.inner.kv_store(k, v, kc, vc, row, start, 1, kv_dim);
+            self.inner.kv_store(k, v, kc, vc, row, start, 1, kv_dim)?;
             let s = AttentionShape { n_tokens: 1, start_pos: start, first_row: row, ..shape };
-            self.inner.attention(q, kc, vc, s, out);
+            self.inner.attention(q, kc, vc, s, out)?;
         }
-        true
+        Ok(true)
     }
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.silu_mul(gate, up, n)
     }
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
+    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.add(x, y, n)
     }
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
+    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) -> civetta::backend::Result<()> {
         self.inner.copy_row(src, src_row, dim, dst)
     }
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> civetta::backend::Result<()> {
         self.inner.gather_rows(src, rows, dim, dst)
     }
 }

@@ -5,7 +5,10 @@
 //! to its own storage. Every op implementation reports through `crate::kernel_registry`.
 
 pub mod cpu;
+mod error;
 pub mod gpu;
+
+pub use error::{Error, Result, ResultExt};
 
 use crate::gguf::{GgmlType, GgufFile};
 use std::any::Any;
@@ -122,56 +125,65 @@ pub trait Backend: Send + Sync {
     /// Whether this backend can compute with weights of this type.
     fn supports(&self, t: GgmlType) -> bool;
     /// Refuses model shapes this backend has no kernels for (checked before loading weights).
-    fn check_model(&self, _hp: &crate::model::HParams) -> anyhow::Result<()> {
+    fn check_model(&self, _hp: &crate::model::HParams) -> Result<()> {
         Ok(())
     }
 
     /// Makes a tensor of the model file usable by this backend (borrowed from the mmap on CPU).
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight>;
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer>;
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight>;
+    fn alloc(&self, len: usize) -> Result<Buffer>;
     /// Allocates one layer's K or V cache of `len` elements. Backends pick the element type
     /// (f32 by default; f16 like llama.cpp where a backend stores it so); only `kv_store` and
     /// `attention` of the same backend read or write it.
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc_kv_cache(&self, len: usize) -> Result<Buffer> {
         self.alloc(len)
     }
     /// Bytes per cached K or V element (matches `alloc_kv_cache`).
     fn kv_cache_elem_bytes(&self) -> usize {
         4
     }
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]);
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]);
+    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) -> Result<()>;
+    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
 
     /// out[t] = dequantized row tokens[t] of `table`.
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()>;
+    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> Result<()>;
     /// out = x / rms(x) * w over `rows` rows of `dim` (in place when x and out alias is not allowed: use rmsnorm_inplace).
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer);
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32);
+    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) -> Result<()>;
+    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) -> Result<()>;
     /// out[rows x w.rows] = x[rows x w.cols] · wᵀ.
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer);
+    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) -> Result<()>;
     /// `matmul` of several weights on the same input (q/k/v, gate/up), outs[i] for ws[i]. A
     /// backend may fuse them (the CPU backend quantises the input once and runs one parallel
     /// region); the default runs them one by one.
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) -> Result<()> {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.matmul(w, x, rows, out);
+            self.matmul(w, x, rows, out)?;
         }
+        Ok(())
     }
     /// out += W act (a residual add), where act = x, or silu(x) * up when `up` is given
     /// (SwiGLU into the down projection); x and `scratch` (rows * w.rows wide) are left
     /// undefined. A backend may run it as one kernel (the GPU decode mat-vecs); the default is
     /// silu_mul, matmul into `scratch` and add, the unfused ops bit for bit.
-    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+    fn matmul_add(
+        &self,
+        w: &Weight,
+        x: &mut Buffer,
+        up: Option<&Buffer>,
+        rows: usize,
+        out: &mut Buffer,
+        scratch: &mut Buffer,
+    ) -> Result<()> {
         if let Some(up) = up {
-            self.silu_mul(x, up, rows * w.cols);
+            self.silu_mul(x, up, rows * w.cols)?;
         }
-        self.matmul(w, x, rows, scratch);
-        self.add(out, scratch, rows * w.rows);
+        self.matmul(w, x, rows, scratch)?;
+        self.add(out, scratch, rows * w.rows)
     }
     /// x[r] += b for each of `rows` rows.
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
+    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) -> Result<()>;
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
+    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) -> Result<()>;
     /// `rope` with frequency scaling (linear or YaRN, as ggml's `rope_ext`). Backends without
     /// it refuse; their `check_model` refuses such models before loading.
     #[allow(clippy::too_many_arguments)]
@@ -184,9 +196,9 @@ pub trait Backend: Send + Sync {
         freq_base: f32,
         style: RopeStyle,
         scaling: RopeScaling,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let _ = (x, positions, n_heads, head_dim, freq_base, style, scaling);
-        anyhow::bail!("{} backend: RoPE scaling (linear / YaRN) is not supported", self.name())
+        Err(Error::unsupported(self.name(), "RoPE scaling (linear / YaRN)"))
     }
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide), starting at row `src_row` (a
     /// sequence's rows in a batch), into the caches at row `start_pos`.
@@ -201,9 +213,9 @@ pub trait Backend: Send + Sync {
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    );
+    ) -> Result<()>;
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer) -> Result<()>;
     /// Batched decode (issue #17): `kv_store` and `attention` for several sequences of one
     /// new row each, in one go. Row i of q, k, v and out is sequence i's (rows 0..caches.len(),
     /// in order); its caches are `caches[i]` (contiguous, one per sequence) and its row's
@@ -221,9 +233,9 @@ pub trait Backend: Send + Sync {
         start_pos: &[usize],
         shape: AttentionShape,
         out: &mut Buffer,
-    ) -> bool {
+    ) -> Result<bool> {
         let _ = (q, k, v, caches, start_pos, shape, out);
-        false
+        Ok(false)
     }
     /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
     /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
@@ -245,15 +257,23 @@ pub trait Backend: Send + Sync {
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> Result<()> {
         let _ = (k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim);
-        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+        Err(Error::unsupported(self.name(), "a paged KV cache (paged_kv() is false)"))
     }
     /// `attention` over a pool, position p at row `blocks.slot(p)`, bit for bit the same
     /// numbers as over a contiguous cache. Called only where `paged_kv()` is true.
-    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, shape: AttentionShape, out: &mut Buffer) {
+    fn attention_paged(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        blocks: KvBlocks<'_>,
+        shape: AttentionShape,
+        out: &mut Buffer,
+    ) -> Result<()> {
         let _ = (q, k_pool, v_pool, blocks, shape, out);
-        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+        Err(Error::unsupported(self.name(), "a paged KV cache (paged_kv() is false)"))
     }
     /// `attention` (or `attention_paged` with a block table; `KvBlocks::CONTIGUOUS` for one
     /// contiguous cache) with gpt-oss's attention sinks: query head h's softmax denominator
@@ -269,80 +289,78 @@ pub trait Backend: Send + Sync {
         shape: AttentionShape,
         sinks: &[f32],
         out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let _ = (q, k_cache, v_cache, blocks, shape, sinks, out);
-        anyhow::bail!("{} backend: attention sinks (gpt-oss) are not supported", self.name())
+        Err(Error::unsupported(self.name(), "attention sinks (gpt-oss)"))
     }
     /// gate = silu(gate) * up over n elements.
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
+    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()>;
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it
     /// (`quant::simd::geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()> {
         let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
-        self.read(gate, 0, &mut g);
-        self.read(up, 0, &mut u);
+        self.read(gate, 0, &mut g)?;
+        self.read(up, 0, &mut u)?;
         crate::quant::simd::geglu::geglu_ggml(&mut g, &u);
-        self.write(gate, 0, &g);
+        self.write(gate, 0, &g)
     }
     /// x *= s over n elements (Gemma's embedding scale). The default goes through host memory.
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) -> Result<()> {
         let mut v = vec![0f32; n];
-        self.read(x, 0, &mut v);
+        self.read(x, 0, &mut v)?;
         v.iter_mut().for_each(|e| *e *= s);
-        self.write(x, 0, &v);
+        self.write(x, 0, &v)
     }
     /// x += y over n elements.
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize);
+    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) -> Result<()>;
     /// Copies row `src_row` of `src` (width `dim`) to row 0 of dst.
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer);
+    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) -> Result<()>;
     /// Copies rows `rows[i]` of `src` (width `dim`) to row i of dst (the rows whose logits a
     /// batch returns).
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer);
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> Result<()>;
     /// A view of rows `first_row..first_row + n_rows` of `w` (for example one expert's matrix
     /// of an expert-major 3-D tensor), named `name`, sharing `w`'s storage (no copy). Backends
     /// without views refuse.
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> Result<Weight> {
         let _ = (first_row, n_rows, name);
-        anyhow::bail!("the {} backend cannot make row views of \"{}\"", self.name(), w.name)
+        Err(Error::unsupported(self.name(), format!("row views (of \"{}\")", w.name)))
     }
     /// dst[rows[i]] = src[i] for each i, rows of width `dim`; `rows` holds no index twice.
     /// The default goes through host memory.
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) -> Result<()> {
         let mut host = vec![0f32; dim];
         for (i, &r) in rows.iter().enumerate() {
-            self.read(src, i * dim, &mut host);
-            self.write(dst, r as usize * dim, &host);
+            self.read(src, i * dim, &mut host)?;
+            self.write(dst, r as usize * dim, &host)?;
         }
+        Ok(())
     }
     /// out[t] = sum over s < k of weights[t * k + s] * src[t * k + s] for t < n, rows of width
     /// `dim`: each product is rounded to f32, then the products are added in slot order
     /// starting from slot 0's (llama.cpp: ggml_mul by the weights, then one ggml_add per slot).
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) -> Result<()> {
         let mut s = vec![0f32; n * k * dim];
-        self.read(src, 0, &mut s);
+        self.read(src, 0, &mut s)?;
         let mut o = vec![0f32; n * dim];
         weighted_sum_rows_host(&s, weights, n, k, dim, &mut o);
-        self.write(out, 0, &o);
+        self.write(out, 0, &o)
     }
     /// x[r] *= scales[r] for each row r of width `dim`.
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) -> Result<()> {
         let mut host = vec![0f32; scales.len() * dim];
-        self.read(x, 0, &mut host);
+        self.read(x, 0, &mut host)?;
         scale_rows_host(&mut host, scales, dim);
-        self.write(x, 0, &host);
+        self.write(x, 0, &host)
     }
     /// Waits for queued work (no-op on CPU).
-    fn synchronize(&self) {}
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
     /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so
     /// that each op's parallel split is a cheap join inside the pool instead of a hand-off
     /// from (and a wake-up of) the calling thread; other backends just call it.
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         pass()
-    }
-    /// The first error of an op since the last call. GPU ops are queued and cannot return
-    /// one; the forward pass checks this once per step.
-    fn take_error(&self) -> Option<anyhow::Error> {
-        None
     }
     /// What a benchmark fingerprint records about this backend.
     fn fingerprint(&self) -> serde_json::Value {

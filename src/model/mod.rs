@@ -416,7 +416,14 @@ impl Model {
         ws.check_fits(need.rows, need.logit_rows)?;
         let mut result = None;
         self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), ws, seqs)));
-        result.expect("the backend ran the forward pass")
+        let result = result.expect("the backend ran the forward pass");
+        if result.is_err() {
+            // A failed pass stops at its first error: work a GPU backend recorded before it
+            // runs now, while every buffer it names is alive (its own error, if any, is not
+            // the first).
+            let _ = self.backend.synchronize();
+        }
+        result
     }
 
     /// Activation buffers for passes of up to `shape` (see [`Workspace`]).
@@ -477,32 +484,32 @@ impl Model {
 
         be.embed(&self.token_embd, &tokens, x)?;
         if let Some(s) = hp.embedding_scale() {
-            be.scale(x, n * d, s);
+            be.scale(x, n * d, s)?;
         }
         let mut moe_layers = 0;
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
-            be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h);
+            be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h)?;
             let a = &layer.attn;
-            be.matmul_many(&[&a.wq, &a.wk, &a.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
+            be.matmul_many(&[&a.wq, &a.wk, &a.wv], h, n, &mut [&mut *q, &mut *k, &mut *v])?;
             if let Some(b) = &a.bq {
-                be.add_bias(q, b, n);
+                be.add_bias(q, b, n)?;
             }
             if let Some(b) = &a.bk {
-                be.add_bias(k, b, n);
+                be.add_bias(k, b, n)?;
             }
             if let Some(b) = &a.bv {
-                be.add_bias(v, b, n);
+                be.add_bias(v, b, n)?;
             }
             if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
-                be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+                be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps)?;
+                be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps)?;
             }
             let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
             match hp.layer_rope_scaling(li) {
                 None => {
-                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style);
-                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
+                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style)?;
+                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style)?;
                 }
                 Some(scaling) => {
                     be.rope_scaled(q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
@@ -511,7 +518,7 @@ impl Model {
             }
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
-            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att);
+            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att)?;
             // Ragged part: each sequence stores its rows and attends over its own cache.
             for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
                 let (start, len) = (s.cache.len, s.tokens.len());
@@ -527,10 +534,10 @@ impl Model {
                 let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
                     KvStorage::Own { k: kc, v: vc } => {
-                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd);
+                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd)?;
                         match sinks {
                             Some(sinks) => be.attention_with_sinks(q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, att)?,
-                            None => be.attention(q, &kc[li], &vc[li], shape, att),
+                            None => be.attention(q, &kc[li], &vc[li], shape, att)?,
                         }
                     }
                     KvStorage::Paged { blocks, block_size, .. } => {
@@ -539,57 +546,57 @@ impl Model {
                             (Some(local), Some(_)) => KvBlocks::new(local, *block_size),
                             _ => KvBlocks::new(blocks, *block_size),
                         };
-                        be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
+                        be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd)?;
                         match sinks {
                             Some(sinks) => be.attention_with_sinks(q, &p.k[li], &p.v[li], table, shape, sinks, att)?,
-                            None => be.attention_paged(q, &p.k[li], &p.v[li], table, shape, att),
+                            None => be.attention_paged(q, &p.k[li], &p.v[li], table, shape, att)?,
                         }
                     }
                 }
             }
             if layer.post_attn_norm.is_some() || a.bo.is_some() {
-                be.matmul(&a.wo, att, n, h);
+                be.matmul(&a.wo, att, n, h)?;
                 if let Some(b) = &a.bo {
-                    be.add_bias(h, b, n);
+                    be.add_bias(h, b, n)?;
                 }
                 if let Some(w) = &layer.post_attn_norm {
-                    be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
+                    be.rmsnorm_inplace(h, w, n, d, hp.rms_eps)?;
                 }
-                be.add(x, h, n * d);
+                be.add(x, h, n * d)?;
             } else {
                 // x += Wo att (one kernel where the backend fuses the residual add).
-                be.matmul_add(&a.wo, att, None, n, x, h);
+                be.matmul_add(&a.wo, att, None, n, x, h)?;
             }
 
             // Feed-forward block.
-            be.rmsnorm(x, &layer.ffn_norm, n, d, hp.rms_eps, h);
+            be.rmsnorm(x, &layer.ffn_norm, n, d, hp.rms_eps, h)?;
             match &layer.ffn {
                 Ffn::Dense { gate: wg, up: wu, down: wd } if layer.post_ffn_norm.is_none() => {
                     // x += Wd (silu(gate) * up): SwiGLU and the residual add fused where the
                     // backend can.
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.matmul_add(wd, gate, Some(&*up), n, x, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.matmul_add(wd, gate, Some(&*up), n, x, h)?;
                     continue;
                 }
                 Ffn::Dense { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.silu_mul(gate, up, n * ff);
-                    be.matmul(wd, gate, n, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.silu_mul(gate, up, n * ff)?;
+                    be.matmul(wd, gate, n, h)?;
                 }
                 Ffn::Moe(m) => {
                     moe::ffn(be, m, moe.as_mut().context("an MoE layer needs the workspace's MoE buffers")?, h, n, d)?;
                     moe_layers += 1;
                 }
                 Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.gelu_tanh_mul(gate, up, n * ff);
-                    be.matmul(wd, gate, n, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.gelu_tanh_mul(gate, up, n * ff)?;
+                    be.matmul(wd, gate, n, h)?;
                 }
             }
             if let Some(w) = &layer.post_ffn_norm {
-                be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
+                be.rmsnorm_inplace(h, w, n, d, hp.rms_eps)?;
             }
-            be.add(x, h, n * d);
+            be.add(x, h, n * d)?;
         }
         // moe::ffn swaps h with its output buffer: after an odd number of swaps, swap back so
         // that each buffer keeps its role, and on a GPU its address, from pass to pass.
@@ -613,21 +620,18 @@ impl Model {
         let rows = out_rows.len();
         let mut host = vec![0f32; rows * hp.n_vocab];
         if rows == 0 {
-            be.synchronize();
+            be.synchronize()?;
         } else {
             let last: &Buffer = if rows < n {
-                be.gather_rows(x, &out_rows, d, picked);
+                be.gather_rows(x, &out_rows, d, picked)?;
                 picked
             } else {
                 x
             };
-            be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h);
+            be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h)?;
             let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
-            be.matmul(out_w, h, rows, logits);
-            be.read(logits, 0, &mut host);
-        }
-        if let Some(e) = be.take_error() {
-            return Err(e.context("GPU forward pass"));
+            be.matmul(out_w, h, rows, logits)?;
+            be.read(logits, 0, &mut host)?;
         }
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();
@@ -647,17 +651,25 @@ impl Model {
     /// `Backend::decode_attention_batch` for layer `li` when every sequence brings one row and
     /// keeps its own contiguous cache (the GPU backends' decode batches) and the layer has no
     /// window; false (nothing done) otherwise or where the backend has no batched kernels.
-    fn decode_attention_batch(&self, seqs: &mut [SeqRows<'_>], li: usize, q: &Buffer, k: &Buffer, v: &Buffer, out: &mut Buffer) -> bool {
+    fn decode_attention_batch(
+        &self,
+        seqs: &mut [SeqRows<'_>],
+        li: usize,
+        q: &Buffer,
+        k: &Buffer,
+        v: &Buffer,
+        out: &mut Buffer,
+    ) -> anyhow::Result<bool> {
         let hp = &self.hp;
         if seqs.len() < 2 || hp.layer_window(li).is_some() || seqs.iter().any(|s| s.tokens.len() != 1) {
-            return false;
+            return Ok(false);
         }
         let start_pos: Vec<usize> = seqs.iter().map(|s| s.cache.len).collect();
         let mut caches = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {
             match &mut s.cache.storage {
                 KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
-                KvStorage::Paged { .. } => return false,
+                KvStorage::Paged { .. } => return Ok(false),
             }
         }
         let shape = AttentionShape {
@@ -669,7 +681,7 @@ impl Model {
             head_dim: hp.head_dim,
             window: None,
         };
-        self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)
+        Ok(self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)?)
     }
 }
 

@@ -254,9 +254,9 @@ fn softmax_ggml(x: &[f32], out: &mut [f32]) {
 /// the buffers of `ws` (sized for at least n rows; `h` and `ws.out` are swapped).
 pub fn ffn(be: &dyn Backend, m: &MoeWeights, ws: &mut MoeWorkspace, h: &mut Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
-    be.matmul(&m.router, h, n, &mut ws.router_logits);
+    be.matmul(&m.router, h, n, &mut ws.router_logits)?;
     let mut host = vec![0f32; n * ne];
-    be.read(&ws.router_logits, 0, &mut host);
+    be.read(&ws.router_logits, 0, &mut host)?;
     if let Some(b) = &m.router_bias {
         for row in host.chunks_exact_mut(ne) {
             row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
@@ -297,32 +297,32 @@ fn expert_outputs_and_sum(
         if rows == 0 {
             continue;
         }
-        be.gather_rows(h, &tokens, d, xe);
-        be.matmul_many(&[&ew.gate, &ew.up], xe, rows, &mut [&mut *gate, &mut *up]);
+        be.gather_rows(h, &tokens, d, xe)?;
+        be.matmul_many(&[&ew.gate, &ew.up], xe, rows, &mut [&mut *gate, &mut *up])?;
         if let Some(b) = &ew.biases {
-            be.add_bias(gate, &b.gate, rows);
-            be.add_bias(up, &b.up, rows);
+            be.add_bias(gate, &b.gate, rows)?;
+            be.add_bias(up, &b.up, rows)?;
         }
         match m.params.act {
-            ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff),
+            ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff)?,
             ExpertAct::SwiGluOai => {
                 // On the host: rows * ff floats, small next to the expert matmuls.
                 let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
-                be.read(gate, 0, &mut g);
-                be.read(up, 0, &mut u);
+                be.read(gate, 0, &mut g)?;
+                be.read(up, 0, &mut u)?;
                 swiglu_oai(&mut g, &u);
-                be.write(gate, 0, &g);
+                be.write(gate, 0, &g)?;
             }
         }
-        be.matmul(&ew.down, gate, rows, xe);
+        be.matmul(&ew.down, gate, rows, xe)?;
         if let Some(b) = &ew.biases {
-            be.add_bias(xe, &b.down, rows);
+            be.add_bias(xe, &b.down, rows)?;
         }
-        be.scatter_rows(xe, &slot_rows, d, slots);
+        be.scatter_rows(xe, &slot_rows, d, slots)?;
     }
-    be.weighted_sum_rows(slots, &r.weights, n, k, d, out);
+    be.weighted_sum_rows(slots, &r.weights, n, k, d, out)?;
     if let Some(sh) = &m.shared {
-        shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out);
+        shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out)?;
     }
     std::mem::swap(h, out);
     Ok(())
@@ -338,17 +338,25 @@ struct SharedScratch<'a> {
 
 /// out += sigmoid(gate_inp · x) * SwiGLU_shared(x) per row (llama.cpp's qwen2moe graph; its
 /// sigmoid is silu(x) / x).
-fn shared_expert(be: &dyn Backend, sh: &SharedExpert, x: &Buffer, n: usize, d: usize, s: SharedScratch<'_>, out: &mut Buffer) {
+fn shared_expert(
+    be: &dyn Backend,
+    sh: &SharedExpert,
+    x: &Buffer,
+    n: usize,
+    d: usize,
+    s: SharedScratch<'_>,
+    out: &mut Buffer,
+) -> crate::backend::Result<()> {
     let ff = sh.ffn.gate.rows;
-    be.matmul(&sh.gate_inp, x, n, s.g);
+    be.matmul(&sh.gate_inp, x, n, s.g)?;
     let mut scales = vec![0f32; n];
-    be.read(s.g, 0, &mut scales);
+    be.read(s.g, 0, &mut scales)?;
     scales.iter_mut().for_each(|v| *v = (*v / (1.0 + (-*v).exp())) / *v);
-    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut *s.gate, &mut *s.up]);
-    be.silu_mul(s.gate, s.up, n * ff);
-    be.matmul(&sh.ffn.down, s.gate, n, s.y);
-    be.scale_rows(s.y, &scales, d);
-    be.add(out, s.y, n * d);
+    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut *s.gate, &mut *s.up])?;
+    be.silu_mul(s.gate, s.up, n * ff)?;
+    be.matmul(&sh.ffn.down, s.gate, n, s.y)?;
+    be.scale_rows(s.y, &scales, d)?;
+    be.add(out, s.y, n * d)
 }
 
 #[cfg(test)]

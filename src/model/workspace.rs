@@ -101,7 +101,7 @@ impl Workspace {
             bail!("a workspace of {} rows cannot return {} rows of logits", shape.rows, shape.logit_rows);
         }
         let (main, moe) = lengths(hp, shape);
-        let alloc_all = |lens: &[usize]| lens.iter().map(|&len| be.alloc(len)).collect::<anyhow::Result<Vec<_>>>();
+        let alloc_all = |lens: &[usize]| lens.iter().map(|&len| be.alloc(len)).collect::<crate::backend::Result<Vec<_>>>();
         let Ok([x, h, q, k, v, att, gate, up, picked, logits]) = <[Buffer; 10]>::try_from(alloc_all(&main)?) else {
             unreachable!("ten lengths, ten buffers")
         };

@@ -8,7 +8,7 @@
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count.
 
-use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Buffer, Error, KvBlocks, Result, RopeScaling, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
@@ -85,44 +85,47 @@ impl Backend for CpuBackend {
         quant::supports(t)
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight> {
         self.load_weight_cpu(file, name)
     }
 
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> Result<Weight> {
         self.weight_rows_cpu(w, first_row, n_rows, name)
     }
 
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) -> Result<()> {
         let (s, d) = (buf(src), buf_mut(dst));
         self.timed("scatter_rows", rows.len(), || {
             for (i, &r) in rows.iter().enumerate() {
                 let r = r as usize;
                 d[r * dim..(r + 1) * dim].copy_from_slice(&s[i * dim..(i + 1) * dim]);
             }
-        })
+        });
+        Ok(())
     }
 
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) -> Result<()> {
         let (s, o) = (buf(src), buf_mut(out));
-        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o))
+        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o));
+        Ok(())
     }
 
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) -> Result<()> {
         let x = buf_mut(x);
-        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim))
+        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim));
+        Ok(())
     }
 
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         self.pool.install(pass)
     }
 
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc(&self, len: usize) -> Result<Buffer> {
         Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
     }
 
     /// K and V caches hold f16 bits (`Vec<u16>`), as llama.cpp's default cache type.
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc_kv_cache(&self, len: usize) -> Result<Buffer> {
         Ok(Buffer { len, inner: Box::new(vec![0u16; len]) })
     }
 
@@ -130,40 +133,47 @@ impl Backend for CpuBackend {
         2
     }
 
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) -> Result<()> {
         buf_mut(dst)[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
     }
 
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) -> Result<()> {
         dst.copy_from_slice(&buf(src)[offset..offset + dst.len()]);
+        Ok(())
     }
 
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> Result<()> {
         self.embed_cpu(table, tokens, out)
     }
 
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
-        self.rmsnorm_cpu(x, w, rows, dim, eps, out)
+    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) -> Result<()> {
+        self.rmsnorm_cpu(x, w, rows, dim, eps, out);
+        Ok(())
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
-        self.rmsnorm_inplace_cpu(x, w, rows, dim, eps)
+    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        self.rmsnorm_inplace_cpu(x, w, rows, dim, eps);
+        Ok(())
     }
 
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
-        self.matmul_many(&[w], x, rows, &mut [out]);
+    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) -> Result<()> {
+        self.matmul_many(&[w], x, rows, &mut [out])
     }
 
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
-        self.matmul_many_cpu(ws, x, rows, outs)
+    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) -> Result<()> {
+        self.matmul_many_cpu(ws, x, rows, outs);
+        Ok(())
     }
 
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
-        self.add_bias_cpu(x, b, rows)
+    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) -> Result<()> {
+        self.add_bias_cpu(x, b, rows);
+        Ok(())
     }
 
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
-        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, None)
+    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) -> Result<()> {
+        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, None);
+        Ok(())
     }
 
     fn rope_scaled(
@@ -175,7 +185,7 @@ impl Backend for CpuBackend {
         freq_base: f32,
         style: RopeStyle,
         scaling: RopeScaling,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, Some(scaling));
         Ok(())
     }
@@ -190,7 +200,7 @@ impl Backend for CpuBackend {
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> Result<()> {
         self.kv_store_paged(k, v, k_cache, v_cache, src_row, KvBlocks::CONTIGUOUS, start_pos, n_tokens, kv_dim)
     }
 
@@ -209,19 +219,30 @@ impl Backend for CpuBackend {
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
-        self.kv_store_cpu(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim)
+    ) -> Result<()> {
+        self.kv_store_cpu(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim);
+        Ok(())
     }
 
     /// llama.cpp's CPU flash attention over the f16 cache, for greedy parity (attention.rs).
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
-        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out)
+    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) -> Result<()> {
+        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out);
+        Ok(())
     }
 
     /// The paged form of `attention`: cache position p is pool row `blocks.slot(p)`. A
     /// contiguous cache is the one-block case, so both forms run the same arithmetic.
-    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
-        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out)
+    fn attention_paged(
+        &self,
+        q: &Buffer,
+        k_pool: &Buffer,
+        v_pool: &Buffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        out: &mut Buffer,
+    ) -> Result<()> {
+        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out);
+        Ok(())
     }
 
     /// The step-by-step row kernel with the sink folded in after the last key, as ggml's CPU
@@ -235,36 +256,44 @@ impl Backend for CpuBackend {
         s: AttentionShape,
         sinks: &[f32],
         out: &mut Buffer,
-    ) -> anyhow::Result<()> {
-        anyhow::ensure!(sinks.len() == s.n_head, "{} attention sinks for {} heads", sinks.len(), s.n_head);
+    ) -> Result<()> {
+        if sinks.len() != s.n_head {
+            return Err(Error::invalid("cpu", format!("{} attention sinks for {} heads", sinks.len(), s.n_head)));
+        }
         self.attention_cpu(q, k_cache, v_cache, blocks, s, Some(sinks), out);
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        self.silu_mul_cpu(gate, up, n)
+    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()> {
+        self.silu_mul_cpu(gate, up, n);
+        Ok(())
     }
 
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        self.gelu_tanh_mul_cpu(gate, up, n)
+    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()> {
+        self.gelu_tanh_mul_cpu(gate, up, n);
+        Ok(())
     }
 
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
-        self.scale_cpu(x, n, s)
+    fn scale(&self, x: &mut Buffer, n: usize, s: f32) -> Result<()> {
+        self.scale_cpu(x, n, s);
+        Ok(())
     }
 
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
-        self.add_cpu(x, y, n)
+    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) -> Result<()> {
+        self.add_cpu(x, y, n);
+        Ok(())
     }
 
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
+    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) -> Result<()> {
         buf_mut(dst)[..dim].copy_from_slice(&buf(src)[src_row * dim..(src_row + 1) * dim]);
+        Ok(())
     }
 
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> Result<()> {
         let (s, d) = (buf(src), buf_mut(dst));
         for (i, &r) in rows.iter().enumerate() {
             d[i * dim..(i + 1) * dim].copy_from_slice(&s[r * dim..(r + 1) * dim]);
         }
+        Ok(())
     }
 }

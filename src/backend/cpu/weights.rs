@@ -3,10 +3,9 @@
 //! and bias vectors).
 
 use super::CpuBackend;
-use crate::backend::{Buffer, Weight};
+use crate::backend::{Buffer, Error, Result, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::quant;
-use anyhow::{bail, Context};
 use std::sync::Arc;
 
 /// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
@@ -32,15 +31,15 @@ pub(super) fn weight(w: &Weight) -> &CpuWeight {
 }
 
 impl CpuBackend {
-    pub(super) fn load_weight_cpu(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    pub(super) fn load_weight_cpu(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight> {
         let index = file
             .tensors
             .iter()
             .position(|t| t.name == name)
-            .with_context(|| format!("{}: tensor \"{name}\" is missing", file.path.display()))?;
+            .ok_or_else(|| Error::Tensor { name: name.to_string(), message: format!("missing from {}", file.path.display()) })?;
         let info = &file.tensors[index];
         if !quant::supports(info.ggml_type) {
-            bail!("{}: tensor \"{name}\" has type {} which the CPU backend does not support", file.path.display(), info.ggml_type);
+            return Err(Error::unsupported("cpu", format!("tensor \"{name}\" of {}: type {}", file.path.display(), info.ggml_type)));
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
@@ -53,12 +52,15 @@ impl CpuBackend {
         })
     }
 
-    pub(super) fn weight_rows_cpu(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    pub(super) fn weight_rows_cpu(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> Result<Weight> {
         let cw = weight(w);
         if first_row + n_rows > w.rows {
-            bail!("rows {first_row}..{} are outside \"{}\" ({} rows)", first_row + n_rows, w.name, w.rows);
+            return Err(Error::invalid(
+                "cpu",
+                format!("rows {first_row}..{} are outside \"{}\" ({} rows)", first_row + n_rows, w.name, w.rows),
+            ));
         }
-        let row_bytes = w.ggml_type.row_bytes(w.cols).with_context(|| format!("row size of \"{}\"", w.name))?;
+        let row_bytes = row_bytes(w)?;
         let base = cw.range.as_ref().map_or(0, |r| r.start);
         let start = base + first_row * row_bytes;
         Ok(Weight {
@@ -70,23 +72,32 @@ impl CpuBackend {
         })
     }
 
-    pub(super) fn embed_cpu(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    pub(super) fn embed_cpu(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> Result<()> {
         let w = weight(table);
         let dim = table.cols;
-        let row_bytes = table.ggml_type.row_bytes(dim).context("embedding row size")?;
+        let row_bytes = row_bytes(table)?;
         let bytes = w.bytes();
         let o = super::buf_mut(out);
         self.timed("embed", tokens.len(), || {
             for (t, &id) in tokens.iter().enumerate() {
                 let id = id as usize;
                 if id >= table.rows {
-                    bail!("token id {id} is outside the vocabulary ({} tokens)", table.rows);
+                    return Err(Error::invalid("cpu", format!("token id {id} is outside the vocabulary ({} tokens)", table.rows)));
                 }
-                quant::dequantize_row(table.ggml_type, &bytes[id * row_bytes..(id + 1) * row_bytes], &mut o[t * dim..(t + 1) * dim])?;
+                quant::dequantize_row(table.ggml_type, &bytes[id * row_bytes..(id + 1) * row_bytes], &mut o[t * dim..(t + 1) * dim])
+                    .map_err(|e| Error::Tensor { name: table.name.clone(), message: format!("{e:#}") })?;
             }
             Ok(())
         })
     }
+}
+
+/// Bytes of one row of `w` (an error where its columns are not whole blocks).
+fn row_bytes(w: &Weight) -> Result<usize> {
+    w.ggml_type.row_bytes(w.cols).ok_or_else(|| Error::Tensor {
+        name: w.name.clone(),
+        message: format!("{} columns are not whole blocks of {}", w.cols, w.ggml_type),
+    })
 }
 
 /// Norm and bias vectors are small F32 (sometimes F16) tensors: dequantise on use.
