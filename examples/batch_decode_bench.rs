@@ -17,6 +17,7 @@
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`).
 
 use civetta::backend::gpu::GpuOptions;
+use civetta::backend::Backend;
 use civetta::gguf::GgufFile;
 use civetta::kernel_registry;
 use civetta::model::{KvCache, Logits, Model, SeqRows, WorkspaceShape};
@@ -53,12 +54,19 @@ fn prompt(s: usize, len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + s * 104_729 + 13) % vocab) as u32).collect()
 }
 
-fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usize, vocab: usize) -> anyhow::Result<BatchRun> {
+fn run_batch<B: Backend>(
+    model: &Model<B>,
+    b: usize,
+    prompt_len: usize,
+    warm: usize,
+    steps: usize,
+    vocab: usize,
+) -> anyhow::Result<BatchRun> {
     let prompts: Vec<Vec<u32>> = (0..b).map(|s| prompt(s, prompt_len, vocab)).collect();
-    let mut caches: Vec<KvCache> = (0..b).map(|_| model.new_cache(prompt_len + warm + steps + 1)).collect::<anyhow::Result<_>>()?;
+    let mut caches: Vec<KvCache<B>> = (0..b).map(|_| model.new_cache(prompt_len + warm + steps + 1)).collect::<anyhow::Result<_>>()?;
     // The engine's activation buffers: allocated once, the same device addresses every step.
     let mut ws = model.new_workspace(WorkspaceShape { rows: b * prompt_len.max(1), logit_rows: b })?;
-    let mut rows: Vec<SeqRows> =
+    let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(&prompts).map(|(cache, p)| SeqRows { cache, tokens: &p[..], logits: Logits::Last }).collect();
     let mut last = model.forward_batch_with(None, &mut ws, &mut rows)?;
     drop(rows);
@@ -72,7 +80,7 @@ fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usi
         for (f, t) in fed.iter_mut().zip(&next) {
             f.push(t[0]);
         }
-        let mut rows: Vec<SeqRows> =
+        let mut rows: Vec<SeqRows<B>> =
             caches.iter_mut().zip(&next).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
         last = model.forward_batch_with(None, &mut ws, &mut rows)?;
     }
@@ -81,7 +89,7 @@ fn run_batch(model: &Model, b: usize, prompt_len: usize, warm: usize, steps: usi
 
 /// Sequence `s` of a batch run alone (its prompt, then its fed tokens one step at a time):
 /// the final logits.
-fn run_alone(model: &Model, s: usize, prompt_len: usize, fed: &[u32], vocab: usize) -> anyhow::Result<Vec<f32>> {
+fn run_alone<B: Backend>(model: &Model<B>, s: usize, prompt_len: usize, fed: &[u32], vocab: usize) -> anyhow::Result<Vec<f32>> {
     let mut cache = model.new_cache(prompt_len + fed.len() + 1)?;
     let mut last = model.forward(&mut cache, &prompt(s, prompt_len, vocab), Logits::Last)?;
     for &t in fed {
@@ -107,7 +115,19 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let be = civetta::backend::create_with(&backend, 0, &opts)?;
-    let file = Arc::new(GgufFile::open(std::path::Path::new(&model_path))?);
+    civetta::with_backend!(be, be => bench(be, &model_path, &batches, steps, prompt_len, profile))
+}
+
+/// The batch sizes' runs on `be`, printed as a table (and per-kernel profiles with --profile).
+fn bench<B: Backend>(
+    be: Arc<B>,
+    model_path: &str,
+    batches: &[usize],
+    steps: usize,
+    prompt_len: usize,
+    profile: bool,
+) -> anyhow::Result<()> {
+    let file = Arc::new(GgufFile::open(std::path::Path::new(model_path))?);
     let model = Model::load(file, be.clone())?;
     let vocab = model.hp.n_vocab;
     println!("backend {} ({}), {steps} decode steps after a {prompt_len}-token prompt per sequence", be.name(), be.fingerprint());
@@ -115,7 +135,7 @@ fn main() -> anyhow::Result<()> {
     println!("|---:|---:|---:|---:|---:|");
     let warm = 3;
     let mut base = None;
-    for &b in &batches {
+    for &b in batches {
         kernel_registry::configure(false, 1.0);
         let r = run_batch(&model, b, prompt_len, warm, steps, vocab)?;
         let tps = (b * steps) as f64 / r.seconds;

@@ -13,7 +13,9 @@
 //! "µs / call" is the kernel alone (an event pair around each launch); "µs, queued" is the wall
 //! time per launch of `iters` launches queued back to back (launch gaps included).
 
+use civetta::backend::cpu::CpuBackend;
 use civetta::backend::gpu::GpuOptions;
+use civetta::backend::{Backend, LoadedBackend};
 use civetta::gguf::GgufFile;
 use civetta::kernel_registry;
 use std::sync::Arc;
@@ -45,10 +47,48 @@ fn main() -> anyhow::Result<()> {
         matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
         ..Default::default()
     };
-    let be = civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: variants[0].clone(), ..opts.clone() })?;
     let file = Arc::new(GgufFile::open(std::path::Path::new(&model))?);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let cpu = civetta::backend::create("cpu", threads)?;
+    let cpu = civetta::backend::create_cpu(threads)?;
+    // One backend per variant, all of the type `--backend` names: matched once, then the
+    // benchmark runs monomorphised for it.
+    let mut loaded = Vec::new();
+    for v in &variants {
+        loaded.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
+    }
+    macro_rules! all_of {
+        ($variant:path) => {{
+            #[allow(unreachable_patterns)]
+            let v: Vec<_> = loaded
+                .into_iter()
+                .map(|l| match l {
+                    $variant(b) => b,
+                    _ => unreachable!("one backend name made backends of different types"),
+                })
+                .collect();
+            v
+        }};
+    }
+    let first = loaded[0].clone();
+    match first {
+        LoadedBackend::Cpu(_) => bench(all_of!(LoadedBackend::Cpu), &cpu, &file, &variants, &rows_list, iters),
+        #[cfg(feature = "cuda")]
+        LoadedBackend::Cuda(_) => bench(all_of!(LoadedBackend::Cuda), &cpu, &file, &variants, &rows_list, iters),
+        #[cfg(feature = "hip")]
+        LoadedBackend::Hip(_) => bench(all_of!(LoadedBackend::Hip), &cpu, &file, &variants, &rows_list, iters),
+    }
+}
+
+/// The copy bandwidth of `backends[0]`'s device, then every weight x rows x variant.
+fn bench<G: Backend>(
+    backends: Vec<Arc<G>>,
+    cpu: &Arc<CpuBackend>,
+    file: &Arc<GgufFile>,
+    variants: &[String],
+    rows_list: &[usize],
+    iters: usize,
+) -> anyhow::Result<()> {
+    let be = &backends[0];
 
     // Copy bandwidth: 1 GiB device to device, median of 10.
     let n = 256 << 20;
@@ -75,15 +115,11 @@ fn main() -> anyhow::Result<()> {
         .map(|t| format!("blk.0.{t}.weight"))
         .collect();
     names.push(if file.tensors.iter().any(|t| t.name == "output.weight") { "output.weight" } else { "token_embd.weight" }.into());
-    let mut backends = vec![be];
-    for v in &variants[1..] {
-        backends.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
-    }
     for name in names {
         let Some(info) = file.tensors.iter().find(|t| t.name == name) else { continue };
         let bytes = file.tensor_data(info).len();
-        let cw = cpu.load_weight(&file, &name)?;
-        for &rows in &rows_list {
+        let cw = cpu.load_weight(file, &name)?;
+        for &rows in rows_list {
             let host: Vec<f32> = (0..rows * cw.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
             let mut want = vec![0f32; rows * cw.rows];
             {
@@ -94,7 +130,7 @@ fn main() -> anyhow::Result<()> {
                 cpu.read(&y, 0, &mut want)?;
             }
             for (variant, be) in variants.iter().zip(&backends) {
-                let w = be.load_weight(&file, &name)?;
+                let w = be.load_weight(file, &name)?;
                 let mut x = be.alloc(rows * w.cols)?;
                 be.write(&mut x, 0, &host)?;
                 let mut y = be.alloc(rows * w.rows)?;

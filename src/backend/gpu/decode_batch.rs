@@ -12,7 +12,7 @@
 
 use super::api::DevicePtr;
 use super::Args;
-use super::{gbuf, AttentionShape, Buffer, DevBuf, GpuApi, GpuBackend};
+use super::{AttentionShape, DevBuf, GpuApi, GpuBackend, GpuBuffer};
 use crate::backend::{Result, ResultExt};
 use std::collections::HashMap;
 
@@ -33,13 +33,13 @@ impl<A: GpuApi> GpuBackend<A> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn try_decode_attention_batch(
         &self,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        caches: &[(&mut Buffer, &mut Buffer)],
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        caches: &[(&mut GpuBuffer, &mut GpuBuffer)],
         start_pos: &[usize],
         s: AttentionShape,
-        out: &Buffer,
+        out: &GpuBuffer,
     ) -> Result<bool> {
         let (store, attend) = match s.head_dim {
             64 => ("kv_store_batch_f16", "attn_decode_batch_d64"),
@@ -58,22 +58,17 @@ impl<A: GpuApi> GpuBackend<A> {
                 _ => return Ok(false),
             }
         };
-        let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [gbuf(kc).mem.ptr, gbuf(vc).mem.ptr]).collect();
+        let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [kc.mem.ptr, vc.mem.ptr]).collect();
         let table = self.kv_table(ptrs)?;
         let n = caches.len();
         let kv_dim = s.n_head_kv * s.head_dim;
-        self.launch(
-            store,
-            n,
-            [kv_dim.div_ceil(256), n, 2],
-            Args::default().ptr(gbuf(k).mem.ptr).ptr(gbuf(v).mem.ptr).ptr(table).ptr(pos).i32(kv_dim),
-        )?;
+        self.launch(store, n, [kv_dim.div_ceil(256), n, 2], Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(table).ptr(pos).i32(kv_dim))?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         self.launch(
             attend,
             n,
             [s.n_head, n, 1],
-            Args::default().ptr(gbuf(q).mem.ptr).ptr(table).ptr(gbuf(out).mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+            Args::default().ptr(q.mem.ptr).ptr(table).ptr(out.mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
         )?;
         Ok(true)
     }

@@ -4,7 +4,7 @@
 //! The kernels are the sources in `kernels/`, built per compiler into a kernel folder
 //! (`make kernels` for AMD code objects, `make kernels-ptx` for NVIDIA PTX).
 //!
-//! Weight formats on the device (chosen at load, see `prepare_weight`):
+//! GpuWeight formats on the device (chosen at load, see `prepare_weight`):
 //! - Q8_0: the raw blocks (decode mat-vec) and the same data split into an int8 plane and an
 //!   f16 scale plane (the W8A8 GEMM of prefill).
 //! - Q5_0: the raw blocks (decode mat-vec) and, like Q8_0, an int8 plane (q - 16, exact) and
@@ -28,7 +28,7 @@ pub mod image_choice;
 mod moe;
 mod repack;
 
-use super::{AttentionShape, Backend, Buffer, Error, Result, ResultExt, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Error, Result, ResultExt, RopeStyle, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
@@ -389,14 +389,15 @@ impl Drop for DevBuf {
     }
 }
 
-/// Element type of a `Buffer` on the GPU.
+/// Element type of a `GpuBuffer` on the GPU.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Elem {
     F32,
     F16,
 }
 
-struct GpuBuffer {
+/// A buffer of the GPU backends: f32 activations, or an f16 K or V cache.
+pub struct GpuBuffer {
     mem: DevBuf,
     elem: Elem,
 }
@@ -420,19 +421,16 @@ enum WeightData {
     Unsliced,
 }
 
-struct GpuWeight {
+/// A weight tensor on the device, in the layout `prepare_weight` chose (and where in the
+/// mapped file it came from: embedding rows and expert slices are read there).
+pub struct DeviceWeight {
     file: Arc<GgufFile>,
     index: usize,
-    data: WeightData,
+    layout: WeightData,
 }
 
-fn gbuf(b: &Buffer) -> &GpuBuffer {
-    b.inner.downcast_ref::<GpuBuffer>().expect("GPU backend got a foreign buffer")
-}
-
-fn gweight(w: &Weight) -> &GpuWeight {
-    w.inner.downcast_ref::<GpuWeight>().expect("GPU backend got a foreign weight")
-}
+/// A weight of the GPU backends.
+pub type GpuWeight = Weight<DeviceWeight>;
 
 /// Kernel arguments: each value in its own 8-byte slot, passed by address.
 #[derive(Default)]
@@ -955,9 +953,9 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(h)
     }
 
-    fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
+    fn try_matmul(&self, w: &GpuWeight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
-        let gw = gweight(w);
+        let gw = &w.data;
         if let Some(mw) = self.matvec_weight(w, rows) {
             return self.matvec(&[(mw, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
         }
@@ -970,7 +968,7 @@ impl<A: GpuApi> GpuBackend<A> {
             GemmTile::T64 => false,
             GemmTile::T128 => true,
         };
-        match &gw.data {
+        match &gw.layout {
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
                 let xs = self.scratch(rows * k / 32, Elem::F32)?;
@@ -1088,9 +1086,9 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// The decode mat-vec layout of a weight and its device pointers, if its type has one and
     /// `rows` activation rows are few enough for it (`MATVEC_MAX_ROWS`, `DP4A_MAX_ROWS`).
-    fn matvec_weight(&self, w: &Weight, rows: usize) -> Option<MatvecWeight> {
+    fn matvec_weight(&self, w: &GpuWeight, rows: usize) -> Option<MatvecWeight> {
         let dp4a = matches!(self.matvec_family, MatvecFamily::Dp4a { .. });
-        let (kind, wp, sp) = match (&gweight(w).data, w.ggml_type) {
+        let (kind, wp, sp) = match (&w.data.layout, w.ggml_type) {
             (WeightData::Q8_0 { qs, scales, .. }, GgmlType::Q8_0 | GgmlType::Q5_0) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
             (WeightData::Q8_0 { blocks, .. }, GgmlType::Q8_0) => (MatvecKind::Q8_0Blocks, blocks.ptr, 0),
             (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) if dp4a => (MatvecKind::Q4KDp4a, blocks.ptr, 0),
@@ -1173,8 +1171,8 @@ impl<A: GpuApi> GpuBackend<A> {
 
 /// Q5_0 / Q5_1 decode (kernels/matvec_q5.hip): one weight, rows on the grid's y axis, none of
 /// the fused multi-matrix / accumulate arguments of `GpuBackend::matvec`.
-fn matvec_q5_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
-    let blocks = match &gweight(w).data {
+fn matvec_q5_kernel(w: &GpuWeight) -> Option<(&'static str, DevicePtr)> {
+    let blocks = match &w.data.layout {
         WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } => blocks.ptr,
         _ => return None,
     };
@@ -1223,6 +1221,10 @@ fn bytemuck_u16(v: &[u16]) -> &[u8] {
 }
 
 impl<A: GpuApi> Backend for GpuBackend<A> {
+    type Buffer = GpuBuffer;
+    type KvBuffer = GpuBuffer;
+    type WeightData = DeviceWeight;
+
     fn name(&self) -> &'static str {
         self.api.backend_name()
     }
@@ -1260,7 +1262,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         Ok(())
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight<Self::WeightData>> {
         let index = file
             .tensors
             .iter()
@@ -1272,44 +1274,44 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
-        let data = self.prepare_weight(file, index, rows, cols).while_doing(|| format!("uploading tensor \"{name}\""))?;
+        let layout = self.prepare_weight(file, index, rows, cols).while_doing(|| format!("uploading tensor \"{name}\""))?;
         Ok(Weight {
             name: name.to_string(),
             ggml_type: info.ggml_type,
             rows,
             cols,
-            inner: Box::new(GpuWeight { file: file.clone(), index, data }),
+            data: DeviceWeight { file: file.clone(), index, layout },
         })
     }
 
-    fn alloc(&self, len: usize) -> Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(self.scratch(len, Elem::F32)?) })
+    fn alloc(&self, len: usize) -> Result<Self::Buffer> {
+        self.scratch(len, Elem::F32)
     }
 
-    fn alloc_kv_cache(&self, len: usize) -> Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 }) })
+    fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer> {
+        Ok(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 })
     }
 
     fn kv_cache_elem_bytes(&self) -> usize {
         2
     }
 
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) -> Result<()> {
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()> {
         drop(self.fresh_q8.lock().take());
         self.flush()?;
-        self.api.upload(gbuf(dst).mem.ptr + offset as u64 * 4, bytemuck_f32(src))
+        self.api.upload(dst.mem.ptr + offset as u64 * 4, bytemuck_f32(src))
     }
 
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) -> Result<()> {
+    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()> {
         self.flush()?;
-        self.api.download(gbuf(src).mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst))?;
+        self.api.download(src.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst))?;
         self.resolve_timings();
         Ok(())
     }
 
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> Result<()> {
+    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
         // The lookup runs on the host from the mapped file: a few rows, no kernel needed.
-        let w = gweight(table);
+        let w = &table.data;
         let info = &w.file.tensors[w.index];
         let bytes = w.file.tensor_data(info);
         let row_bytes = bytes.len() / table.rows;
@@ -1324,37 +1326,45 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
         drop(self.fresh_q8.lock().take());
         self.flush()?;
-        self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
+        self.api.upload(out.mem.ptr, bytemuck_f32(&host))
     }
 
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) -> Result<()> {
-        let WeightData::Vector(wv) = &gweight(w).data else {
+    fn rmsnorm(
+        &self,
+        x: &Self::Buffer,
+        w: &Weight<Self::WeightData>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let WeightData::Vector(wv) = &w.data.layout else {
             return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
-        let args = Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps);
+        let args = Args::default().ptr(x.mem.ptr).ptr(wv.ptr).ptr(out.mem.ptr).i32(dim).f32(eps);
         // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
         if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= self.dp4a_max_rows && dim.is_multiple_of(32) {
             let (q, ds) = (self.pooled_alloc(rows * dim)?, self.scratch(rows * dim / 16, Elem::F32)?);
             self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr))?;
-            *self.fresh_q8.lock() = Some(FreshQ8 { x: gbuf(out).mem.ptr, len: rows * dim, q, ds });
+            *self.fresh_q8.lock() = Some(FreshQ8 { x: out.mem.ptr, len: rows * dim, q, ds });
             return Ok(());
         }
         self.launch("rmsnorm", rows, [rows, 1, 1], args)
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        let WeightData::Vector(wv) = &gweight(w).data else {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &Weight<Self::WeightData>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let WeightData::Vector(wv) = &w.data.layout else {
             return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
-        let p = gbuf(x).mem.ptr;
+        let p = x.mem.ptr;
         self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(p).ptr(wv.ptr).ptr(p).i32(dim).f32(eps))
     }
 
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) -> Result<()> {
-        self.try_matmul(w, gbuf(x), rows, gbuf(out))
+    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
+        self.try_matmul(w, x, rows, out)
     }
 
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) -> Result<()> {
+    fn matmul_many(&self, ws: &[&Weight<Self::WeightData>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         // q, k, v (or gate, up) of the same layout in one mat-vec launch.
         let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w, rows)).collect();
         let kind = mws.first().copied().flatten().map(|m| m.kind);
@@ -1368,25 +1378,24 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             }
             return Ok(());
         }
-        let parts: Vec<_> =
-            ws.iter().zip(outs.iter()).zip(&mws).map(|((w, out), m)| (m.expect("checked"), gbuf(out).mem.ptr, w.rows)).collect();
-        self.matvec(&parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false)
+        let parts: Vec<_> = ws.iter().zip(outs.iter()).zip(&mws).map(|((w, out), m)| (m.expect("checked"), out.mem.ptr, w.rows)).collect();
+        self.matvec(&parts, x.mem.ptr, 0, ws[0].cols, rows, false)
     }
 
     fn matmul_add(
         &self,
-        w: &Weight,
-        x: &mut Buffer,
-        up: Option<&Buffer>,
+        w: &Weight<Self::WeightData>,
+        x: &mut Self::Buffer,
+        up: Option<&Self::Buffer>,
         rows: usize,
-        out: &mut Buffer,
-        scratch: &mut Buffer,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
     ) -> Result<()> {
         match self.matvec_weight(w, rows) {
             // out += W (silu(x) * up): SwiGLU and the residual add in the mat-vec launch(es).
             Some(mw) => {
-                let up = up.map(|u| gbuf(u).mem.ptr).unwrap_or(0);
-                self.matvec(&[(mw, gbuf(out).mem.ptr, w.rows)], gbuf(x).mem.ptr, up, w.cols, rows, true)
+                let up = up.map(|u| u.mem.ptr).unwrap_or(0);
+                self.matvec(&[(mw, out.mem.ptr, w.rows)], x.mem.ptr, up, w.cols, rows, true)
             }
             None => {
                 if let Some(up) = up {
@@ -1398,15 +1407,23 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
     }
 
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) -> Result<()> {
-        let WeightData::Vector(bv) = &gweight(b).data else {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> Result<()> {
+        let WeightData::Vector(bv) = &b.data.layout else {
             return Err(Error::invalid(self.be(), format!("bias \"{}\" is not 1-D", b.name)));
         };
         let width = b.rows * b.cols;
-        self.elementwise("add_bias", rows * width, Args::default().ptr(gbuf(x).mem.ptr).ptr(bv.ptr).i32(rows * width).i32(width))
+        self.elementwise("add_bias", rows * width, Args::default().ptr(x.mem.ptr).ptr(bv.ptr).i32(rows * width).i32(width))
     }
 
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) -> Result<()> {
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> Result<()> {
         let mut cached = self.positions.lock();
         if cached.as_ref().is_none_or(|p| p.values.as_slice() != positions) {
             // Recorded launches that read the old positions (or the old buffer) go first.
@@ -1439,16 +1456,16 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             name,
             positions.len(),
             [pairs.div_ceil(256), positions.len(), 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
+            Args::default().ptr(x.mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
         )
     }
 
     fn kv_store(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_cache: &mut Buffer,
-        v_cache: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
         src_row: usize,
         start_pos: usize,
         n_tokens: usize,
@@ -1465,21 +1482,21 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 n_tokens,
                 [kv_dim.div_ceil(256), n_tokens, 2],
                 Args::default()
-                    .ptr(gbuf(k).mem.ptr + src_off)
-                    .ptr(gbuf(v).mem.ptr + src_off)
-                    .ptr(gbuf(k_cache).mem.ptr)
-                    .ptr(gbuf(v_cache).mem.ptr)
+                    .ptr(k.mem.ptr + src_off)
+                    .ptr(v.mem.ptr + src_off)
+                    .ptr(k_cache.mem.ptr)
+                    .ptr(v_cache.mem.ptr)
                     .ptr(pos)
                     .i32(kv_dim),
             );
         }
         for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
-            debug_assert_eq!(gbuf(dst).elem, Elem::F16);
+            debug_assert_eq!(dst.elem, Elem::F16);
             self.launch(
                 "f32_to_f16",
                 n_tokens,
                 [n.div_ceil(256), 1, 1],
-                Args::default().ptr(gbuf(src).mem.ptr + src_off).ptr(gbuf(dst).mem.ptr + off).i32(n),
+                Args::default().ptr(src.mem.ptr + src_off).ptr(dst.mem.ptr + off).i32(n),
             )?;
         }
         Ok(())
@@ -1487,23 +1504,30 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn decode_attention_batch(
         &self,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        caches: &mut [(&mut Buffer, &mut Buffer)],
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        caches: &mut [(&mut Self::KvBuffer, &mut Self::KvBuffer)],
         start_pos: &[usize],
         shape: AttentionShape,
-        out: &mut Buffer,
+        out: &mut Self::Buffer,
     ) -> Result<bool> {
         self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out)
     }
 
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) -> Result<()> {
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let keys = s.start_pos + s.n_tokens;
         // This sequence's rows of q and out (f32, n_head * head_dim wide).
         let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
-        let (q, kc, vc, o) = (gbuf(q).mem.ptr + row_off, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr + row_off);
+        let (q, kc, vc, o) = (q.mem.ptr + row_off, k_cache.mem.ptr, v_cache.mem.ptr, out.mem.ptr + row_off);
         let (decode, decode_pos, prefill) = match s.head_dim {
             64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
             128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
@@ -1564,46 +1588,46 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
     }
 
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()> {
-        let g = gbuf(gate).mem.ptr;
-        self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n))
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let g = gate.mem.ptr;
+        self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
     }
 
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) -> Result<()> {
-        let g = gbuf(gate).mem.ptr;
-        self.elementwise("gelu_tanh_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n))
+    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let g = gate.mem.ptr;
+        self.elementwise("gelu_tanh_mul", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
     }
 
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) -> Result<()> {
-        self.elementwise("scale", n, Args::default().ptr(gbuf(x).mem.ptr).i32(n).f32(s))
+    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> Result<()> {
+        self.elementwise("scale", n, Args::default().ptr(x.mem.ptr).i32(n).f32(s))
     }
 
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) -> Result<()> {
-        self.elementwise("add", n, Args::default().ptr(gbuf(x).mem.ptr).ptr(gbuf(y).mem.ptr).i32(n))
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()> {
+        self.elementwise("add", n, Args::default().ptr(x.mem.ptr).ptr(y.mem.ptr).i32(n))
     }
 
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) -> Result<()> {
-        self.copy_op(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4)
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        self.copy_op(dst.mem.ptr, src.mem.ptr + (src_row * dim * 4) as u64, dim * 4)
     }
 
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> Result<()> {
+    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
         self.gather_rows_dev(src, rows, dim, dst)
     }
 
     // Mixture of experts (moe.rs).
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> Result<Weight> {
+    fn weight_rows(&self, w: &Weight<Self::WeightData>, first_row: usize, n_rows: usize, name: &str) -> Result<Weight<Self::WeightData>> {
         self.weight_rows_prepared(w, first_row, n_rows, name)
     }
 
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) -> Result<()> {
+    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
         self.scatter_rows_dev(src, rows, dim, dst)
     }
 
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) -> Result<()> {
+    fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
         self.weighted_sum_rows_dev(src, weights, n, k, dim, out)
     }
 
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) -> Result<()> {
+    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> Result<()> {
         self.scale_rows_dev(x, scales, dim)
     }
 

@@ -57,8 +57,8 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// Rows `first_row..first_row + n_rows` of `w` prepared as a weight of their own, straight
     /// from the mapped file (one expert's matrix of a 3-D expert tensor).
-    pub(super) fn weight_rows_prepared(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> Result<Weight> {
-        let gw = gweight(w);
+    pub(super) fn weight_rows_prepared(&self, w: &GpuWeight, first_row: usize, n_rows: usize, name: &str) -> Result<GpuWeight> {
+        let gw = &w.data;
         let info = &gw.file.tensors[gw.index];
         if first_row + n_rows > w.rows || n_rows == 0 {
             return Err(Error::invalid(
@@ -69,18 +69,18 @@ impl<A: GpuApi> GpuBackend<A> {
         let bytes = gw.file.tensor_data(info);
         let row_bytes = bytes.len() / w.rows;
         let slice = &bytes[first_row * row_bytes..(first_row + n_rows) * row_bytes];
-        let data = self.prepare_rows(name, w.ggml_type, slice, n_rows, w.cols, false).while_doing(|| format!("uploading {name}"))?;
+        let layout = self.prepare_rows(name, w.ggml_type, slice, n_rows, w.cols, false).while_doing(|| format!("uploading {name}"))?;
         Ok(Weight {
             name: name.to_string(),
             ggml_type: w.ggml_type,
             rows: n_rows,
             cols: w.cols,
-            inner: Box::new(GpuWeight { file: gw.file.clone(), index: gw.index, data }),
+            data: DeviceWeight { file: gw.file.clone(), index: gw.index, layout },
         })
     }
 
     /// out[rows x w.rows] = x · wᵀ for an f32 weight kept whole (`is_router`).
-    pub(super) fn router_matmul(&self, w: &Weight, wv: &DevBuf, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
+    pub(super) fn router_matmul(&self, w: &GpuWeight, wv: &DevBuf, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
         self.launch(
             "moe_router_f32",
             rows,
@@ -92,8 +92,8 @@ impl<A: GpuApi> GpuBackend<A> {
     /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list. Dense
     /// models (the rows whose logits a batch returns) keep the copies while the MoE path is off,
     /// so nothing unverified runs by default.
-    pub(super) fn gather_rows_dev(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> Result<()> {
-        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
+    pub(super) fn gather_rows_dev(&self, src: &GpuBuffer, rows: &[usize], dim: usize, dst: &mut GpuBuffer) -> Result<()> {
+        let (s, d) = (src.mem.ptr, dst.mem.ptr);
         if rows.len() <= COPY_MAX_ROWS || !self.moe {
             for (i, &r) in rows.iter().enumerate() {
                 self.copy_op(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4)?;
@@ -113,8 +113,8 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// `Backend::scatter_rows`: copies for a few rows, else one kernel over an index list.
-    pub(super) fn scatter_rows_dev(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) -> Result<()> {
-        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
+    pub(super) fn scatter_rows_dev(&self, src: &GpuBuffer, rows: &[u32], dim: usize, dst: &mut GpuBuffer) -> Result<()> {
+        let (s, d) = (src.mem.ptr, dst.mem.ptr);
         if rows.len() <= COPY_MAX_ROWS {
             for (i, &r) in rows.iter().enumerate() {
                 self.copy_op(d + (r as usize * dim * 4) as u64, s + (i * dim * 4) as u64, dim * 4)?;
@@ -135,12 +135,12 @@ impl<A: GpuApi> GpuBackend<A> {
     /// `Backend::weighted_sum_rows` on the device (ggml's order of additions).
     pub(super) fn weighted_sum_rows_dev(
         &self,
-        src: &Buffer,
+        src: &GpuBuffer,
         weights: &[f32],
         n: usize,
         k: usize,
         dim: usize,
-        out: &mut Buffer,
+        out: &mut GpuBuffer,
     ) -> Result<()> {
         debug_assert_eq!(weights.len(), n * k);
         let w = self.upload_list(bytemuck_f32(weights))?;
@@ -148,19 +148,19 @@ impl<A: GpuApi> GpuBackend<A> {
             "moe_weighted_sum",
             n,
             [dim.div_ceil(256), n, 1],
-            Args::default().ptr(gbuf(src).mem.ptr).ptr(w.ptr).ptr(gbuf(out).mem.ptr).i32(k).i32(dim),
+            Args::default().ptr(src.mem.ptr).ptr(w.ptr).ptr(out.mem.ptr).i32(k).i32(dim),
         )?;
         Ok(())
     }
 
     /// `Backend::scale_rows` on the device.
-    pub(super) fn scale_rows_dev(&self, x: &mut Buffer, scales: &[f32], dim: usize) -> Result<()> {
+    pub(super) fn scale_rows_dev(&self, x: &mut GpuBuffer, scales: &[f32], dim: usize) -> Result<()> {
         let s = self.upload_list(bytemuck_f32(scales))?;
         self.launch(
             "moe_scale_rows",
             scales.len(),
             [dim.div_ceil(256), scales.len(), 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(s.ptr).i32(dim),
+            Args::default().ptr(x.mem.ptr).ptr(s.ptr).i32(dim),
         )?;
         Ok(())
     }
