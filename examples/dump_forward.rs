@@ -6,7 +6,7 @@
 //! usage: dump_forward MODEL ID,ID,... OUTDIR [THREADS]
 //! OUTDIR/index.txt: "<seq> <op> <elements>", OUTDIR/<seq>.bin: the f32 values.
 
-use civetta::backend::{AttentionShape, Backend, RopeStyle, Weight};
+use civetta::backend::{AttentionShape, Backend, RopeStyle, WeightOf};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{HParams, Logits, Model};
 use parking_lot::Mutex;
@@ -51,7 +51,7 @@ impl<B: Backend> Backend for Tap<B> {
     fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
         self.inner.check_model(hp)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<Weight<Self::WeightData>> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.load_weight(file, name)
     }
     fn alloc(&self, len: usize) -> civetta::backend::Result<Self::Buffer> {
@@ -69,7 +69,7 @@ impl<B: Backend> Backend for Tap<B> {
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
         self.inner.read(src, offset, dst)
     }
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.embed(table, tokens, out)?;
         self.dump("embed", out, 0, tokens.len() * table.cols)?;
         Ok(())
@@ -77,7 +77,7 @@ impl<B: Backend> Backend for Tap<B> {
     fn rmsnorm(
         &self,
         x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         rows: usize,
         dim: usize,
         eps: f32,
@@ -87,26 +87,19 @@ impl<B: Backend> Backend for Tap<B> {
         self.dump(&format!("rmsnorm:{}", w.name), out, 0, rows * dim)?;
         Ok(())
     }
-    fn rmsnorm_inplace(
-        &self,
-        x: &mut Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> civetta::backend::Result<()> {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)?;
         self.dump(&format!("rmsnorm:{}", w.name), x, 0, rows * dim)?;
         Ok(())
     }
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.matmul(w, x, rows, out)?;
         self.dump(&format!("matmul:{}", w.name), out, 0, rows * w.rows)?;
         Ok(())
     }
     fn matmul_many(
         &self,
-        ws: &[&Weight<Self::WeightData>],
+        ws: &[&WeightOf<Self>],
         x: &Self::Buffer,
         rows: usize,
         outs: &mut [&mut Self::Buffer],
@@ -117,7 +110,7 @@ impl<B: Backend> Backend for Tap<B> {
         }
         Ok(())
     }
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> civetta::backend::Result<()> {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> civetta::backend::Result<()> {
         self.inner.add_bias(x, b, rows)
     }
     fn rope(

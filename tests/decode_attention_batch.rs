@@ -6,7 +6,7 @@
 //! must equal, bit for bit, those of the same wrapper declining the call (the model's own
 //! per-sequence loop), and the batched call must have been used.
 
-use civetta::backend::{AttentionShape, Backend, RopeStyle, Weight};
+use civetta::backend::{AttentionShape, Backend, RopeStyle, WeightOf};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{HParams, Logits, Model, SeqRows};
 use civetta::synth::{synth_model, SynthSpec};
@@ -36,7 +36,7 @@ impl<B: Backend> Backend for Batching<B> {
     fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
         self.inner.check_model(hp)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<Weight<Self::WeightData>> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.load_weight(file, name)
     }
     fn alloc(&self, len: usize) -> civetta::backend::Result<Self::Buffer> {
@@ -54,13 +54,13 @@ impl<B: Backend> Backend for Batching<B> {
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
         self.inner.read(src, offset, dst)
     }
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.embed(table, tokens, out)
     }
     fn rmsnorm(
         &self,
         x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         rows: usize,
         dim: usize,
         eps: f32,
@@ -68,20 +68,13 @@ impl<B: Backend> Backend for Batching<B> {
     ) -> civetta::backend::Result<()> {
         self.inner.rmsnorm(x, w, rows, dim, eps, out)
     }
-    fn rmsnorm_inplace(
-        &self,
-        x: &mut Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> civetta::backend::Result<()> {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
     }
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.matmul(w, x, rows, out)
     }
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> civetta::backend::Result<()> {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> civetta::backend::Result<()> {
         self.inner.add_bias(x, b, rows)
     }
     fn rope(

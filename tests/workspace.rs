@@ -6,7 +6,7 @@
 mod common;
 
 use civetta::backend::cpu::CpuBackend;
-use civetta::backend::{AttentionShape, Backend, KvBlocks, RopeScaling, RopeStyle, Weight};
+use civetta::backend::{AttentionShape, Backend, KvBlocks, RopeScaling, RopeStyle, WeightOf};
 use civetta::engine::{Engine, EngineConfig, GenerationEvent};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{self, HParams, Logits, SeqRows, WorkspaceShape};
@@ -44,7 +44,7 @@ impl<B: Backend> Backend for Counting<B> {
     fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
         self.inner.check_model(hp)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<Weight<Self::WeightData>> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.load_weight(file, name)
     }
     fn alloc(&self, len: usize) -> civetta::backend::Result<Self::Buffer> {
@@ -63,13 +63,13 @@ impl<B: Backend> Backend for Counting<B> {
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
         self.inner.read(src, offset, dst)
     }
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.embed(table, tokens, out)
     }
     fn rmsnorm(
         &self,
         x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         rows: usize,
         dim: usize,
         eps: f32,
@@ -77,22 +77,15 @@ impl<B: Backend> Backend for Counting<B> {
     ) -> civetta::backend::Result<()> {
         self.inner.rmsnorm(x, w, rows, dim, eps, out)
     }
-    fn rmsnorm_inplace(
-        &self,
-        x: &mut Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> civetta::backend::Result<()> {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
     }
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.matmul(w, x, rows, out)
     }
     fn matmul_many(
         &self,
-        ws: &[&Weight<Self::WeightData>],
+        ws: &[&WeightOf<Self>],
         x: &Self::Buffer,
         rows: usize,
         outs: &mut [&mut Self::Buffer],
@@ -101,7 +94,7 @@ impl<B: Backend> Backend for Counting<B> {
     }
     fn matmul_add(
         &self,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         x: &mut Self::Buffer,
         up: Option<&Self::Buffer>,
         rows: usize,
@@ -110,7 +103,7 @@ impl<B: Backend> Backend for Counting<B> {
     ) -> civetta::backend::Result<()> {
         self.inner.matmul_add(w, x, up, rows, out, scratch)
     }
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> civetta::backend::Result<()> {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> civetta::backend::Result<()> {
         self.inner.add_bias(x, b, rows)
     }
     fn rope(
@@ -221,13 +214,7 @@ impl<B: Backend> Backend for Counting<B> {
     fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.gather_rows(src, rows, dim, dst)
     }
-    fn weight_rows(
-        &self,
-        w: &Weight<Self::WeightData>,
-        first_row: usize,
-        n_rows: usize,
-        name: &str,
-    ) -> civetta::backend::Result<Weight<Self::WeightData>> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.weight_rows(w, first_row, n_rows, name)
     }
     fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {

@@ -152,7 +152,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Makes a tensor of the model file usable by this backend (borrowed from the mmap on CPU).
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight<Self::WeightData>>;
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>>;
     fn alloc(&self, len: usize) -> Result<Self::Buffer>;
     /// Allocates one layer's K or V cache of `len` elements, in the backend's element type
     /// (f16 like llama.cpp on the CPU and GPU backends).
@@ -163,24 +163,16 @@ pub trait Backend: Send + Sync + 'static {
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
 
     /// out[t] = dequantized row tokens[t] of `table`.
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()>;
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()>;
     /// out = x / rms(x) * w over `rows` rows of `dim` (in place when x and out alias is not allowed: use rmsnorm_inplace).
-    fn rmsnorm(
-        &self,
-        x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
-    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &Weight<Self::WeightData>, rows: usize, dim: usize, eps: f32) -> Result<()>;
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()>;
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()>;
     /// out[rows x w.rows] = x[rows x w.cols] · wᵀ.
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()>;
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()>;
     /// `matmul` of several weights on the same input (q/k/v, gate/up), outs[i] for ws[i]. A
     /// backend may fuse them (the CPU backend quantises the input once and runs one parallel
     /// region); the default runs them one by one.
-    fn matmul_many(&self, ws: &[&Weight<Self::WeightData>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             self.matmul(w, x, rows, out)?;
         }
@@ -192,7 +184,7 @@ pub trait Backend: Send + Sync + 'static {
     /// silu_mul, matmul into `scratch` and add, the unfused ops bit for bit.
     fn matmul_add(
         &self,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         x: &mut Self::Buffer,
         up: Option<&Self::Buffer>,
         rows: usize,
@@ -206,7 +198,7 @@ pub trait Backend: Send + Sync + 'static {
         self.add(out, scratch, rows * w.rows)
     }
     /// x[r] += b for each of `rows` rows.
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> Result<()>;
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()>;
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
     fn rope(
         &self,
@@ -261,7 +253,7 @@ pub trait Backend: Send + Sync + 'static {
     /// in order); its caches are `caches[i]` (contiguous, one per sequence) and its row's
     /// position `start_pos[i]`; `shape` gives the heads (its n_tokens, start_pos, first_row
     /// and window are not used: no window). The same numbers as the per-sequence calls.
-    /// Returns false, having done nothing, where the backend has no batched kernels; the
+    /// Returns Ok(false), having done nothing, where the backend has no batched kernels; the
     /// caller then makes the per-sequence calls.
     #[allow(clippy::too_many_arguments)]
     fn decode_attention_batch(
@@ -284,7 +276,7 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
     /// `kv_store` into a pool made by `alloc_kv_cache`, position p at row `blocks.slot(p)`.
-    /// Called only where `paged_kv()` is true.
+    /// Called only where `paged_kv()` is true (the default returns `Error::Unsupported`).
     #[allow(clippy::too_many_arguments)]
     fn kv_store_paged(
         &self,
@@ -361,7 +353,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A view of rows `first_row..first_row + n_rows` of `w` (for example one expert's matrix
     /// of an expert-major 3-D tensor), named `name`, sharing `w`'s storage (no copy). Backends
     /// without views refuse.
-    fn weight_rows(&self, w: &Weight<Self::WeightData>, first_row: usize, n_rows: usize, name: &str) -> Result<Weight<Self::WeightData>> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         let _ = (first_row, n_rows, name);
         Err(Error::unsupported(self.name(), format!("row views (of \"{}\")", w.name)))
     }

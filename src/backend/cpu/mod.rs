@@ -8,7 +8,7 @@
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count.
 
-use super::{AttentionShape, Backend, Error, KvBlocks, Result, RopeScaling, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Error, KvBlocks, Result, RopeScaling, RopeStyle, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
@@ -81,11 +81,11 @@ impl Backend for CpuBackend {
         quant::supports(t)
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight<Self::WeightData>> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
         self.load_weight_cpu(file, name)
     }
 
-    fn weight_rows(&self, w: &Weight<Self::WeightData>, first_row: usize, n_rows: usize, name: &str) -> Result<Weight<Self::WeightData>> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         self.weight_rows_cpu(w, first_row, n_rows, name)
     }
 
@@ -138,38 +138,30 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
         self.embed_cpu(table, tokens, out)
     }
 
-    fn rmsnorm(
-        &self,
-        x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-        out: &mut Self::Buffer,
-    ) -> Result<()> {
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()> {
         self.rmsnorm_cpu(x, w, rows, dim, eps, out);
         Ok(())
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &Weight<Self::WeightData>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()> {
         self.rmsnorm_inplace_cpu(x, w, rows, dim, eps);
         Ok(())
     }
 
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
         self.matmul_many(&[w], x, rows, &mut [out])
     }
 
-    fn matmul_many(&self, ws: &[&Weight<Self::WeightData>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         self.matmul_many_cpu(ws, x, rows, outs);
         Ok(())
     }
 
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> Result<()> {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()> {
         self.add_bias_cpu(x, b, rows);
         Ok(())
     }

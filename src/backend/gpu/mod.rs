@@ -28,7 +28,7 @@ pub mod image_choice;
 mod moe;
 mod repack;
 
-use super::{AttentionShape, Backend, Error, Result, ResultExt, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Error, Result, ResultExt, RopeStyle, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
@@ -1262,7 +1262,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         Ok(())
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<Weight<Self::WeightData>> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
         let index = file
             .tensors
             .iter()
@@ -1309,7 +1309,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         Ok(())
     }
 
-    fn embed(&self, table: &Weight<Self::WeightData>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
         // The lookup runs on the host from the mapped file: a few rows, no kernel needed.
         let w = &table.data;
         let info = &w.file.tensors[w.index];
@@ -1329,15 +1329,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.api.upload(out.mem.ptr, bytemuck_f32(&host))
     }
 
-    fn rmsnorm(
-        &self,
-        x: &Self::Buffer,
-        w: &Weight<Self::WeightData>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-        out: &mut Self::Buffer,
-    ) -> Result<()> {
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()> {
         let WeightData::Vector(wv) = &w.data.layout else {
             return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
@@ -1352,7 +1344,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.launch("rmsnorm", rows, [rows, 1, 1], args)
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &Weight<Self::WeightData>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()> {
         let WeightData::Vector(wv) = &w.data.layout else {
             return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
@@ -1360,11 +1352,11 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(p).ptr(wv.ptr).ptr(p).i32(dim).f32(eps))
     }
 
-    fn matmul(&self, w: &Weight<Self::WeightData>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
         self.try_matmul(w, x, rows, out)
     }
 
-    fn matmul_many(&self, ws: &[&Weight<Self::WeightData>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         // q, k, v (or gate, up) of the same layout in one mat-vec launch.
         let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w, rows)).collect();
         let kind = mws.first().copied().flatten().map(|m| m.kind);
@@ -1384,7 +1376,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn matmul_add(
         &self,
-        w: &Weight<Self::WeightData>,
+        w: &WeightOf<Self>,
         x: &mut Self::Buffer,
         up: Option<&Self::Buffer>,
         rows: usize,
@@ -1407,7 +1399,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         }
     }
 
-    fn add_bias(&self, x: &mut Self::Buffer, b: &Weight<Self::WeightData>, rows: usize) -> Result<()> {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()> {
         let WeightData::Vector(bv) = &b.data.layout else {
             return Err(Error::invalid(self.be(), format!("bias \"{}\" is not 1-D", b.name)));
         };
@@ -1615,7 +1607,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     // Mixture of experts (moe.rs).
-    fn weight_rows(&self, w: &Weight<Self::WeightData>, first_row: usize, n_rows: usize, name: &str) -> Result<Weight<Self::WeightData>> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         self.weight_rows_prepared(w, first_row, n_rows, name)
     }
 
