@@ -515,16 +515,6 @@ impl LoadedBackend {
     pub fn name(&self) -> &'static str {
         with_backend!(self, b => b.name())
     }
-
-    /// The CPU backend, if this is it.
-    pub fn cpu(&self) -> Option<&Arc<cpu::CpuBackend>> {
-        #[allow(irrefutable_let_patterns)]
-        if let LoadedBackend::Cpu(b) = self {
-            Some(b)
-        } else {
-            None
-        }
-    }
 }
 
 /// The CPU backend on `threads` threads (0: one per physical core).
