@@ -18,6 +18,7 @@
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`).
 
 use civetta::backend::gpu::GpuOptions;
+use civetta::backend::Backend;
 use civetta::gguf::GgufFile;
 use civetta::kernel_registry;
 use civetta::model::{KvCache, Logits, Model, SeqRows, WorkspaceShape};
@@ -54,8 +55,8 @@ fn prompt(s: usize, len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|i| ((i * 7919 + s * 104_729 + 13) % vocab) as u32).collect()
 }
 
-fn run_batch(
-    model: &Model,
+fn run_batch<B: Backend>(
+    model: &Model<B>,
     b: usize,
     prompt_len: usize,
     warm: usize,
@@ -68,7 +69,7 @@ fn run_batch(
     // `--paged BLOCK`: the engine's KV layout, one pool of BLOCK-position blocks shared by all
     // sequences (each sequence gets its own run of blocks); else one contiguous cache each.
     let mut pool = if paged > 0 { Some(model.new_kv_pool(b * capacity.div_ceil(paged), paged)?) } else { None };
-    let mut caches: Vec<KvCache> = if paged > 0 {
+    let mut caches: Vec<KvCache<B>> = if paged > 0 {
         let per = capacity.div_ceil(paged);
         (0..b).map(|s| KvCache::paged((s * per..(s + 1) * per).map(|x| x as u32).collect(), paged, 0)).collect()
     } else {
@@ -76,7 +77,7 @@ fn run_batch(
     };
     // The engine's activation buffers: allocated once, the same device addresses every step.
     let mut ws = model.new_workspace(WorkspaceShape { rows: b * prompt_len.max(1), logit_rows: b })?;
-    let mut rows: Vec<SeqRows> =
+    let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(&prompts).map(|(cache, p)| SeqRows { cache, tokens: &p[..], logits: Logits::Last }).collect();
     let mut last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
     drop(rows);
@@ -90,7 +91,7 @@ fn run_batch(
         for (f, t) in fed.iter_mut().zip(&next) {
             f.push(t[0]);
         }
-        let mut rows: Vec<SeqRows> =
+        let mut rows: Vec<SeqRows<B>> =
             caches.iter_mut().zip(&next).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
         last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
     }
@@ -99,7 +100,7 @@ fn run_batch(
 
 /// Sequence `s` of a batch run alone (its prompt, then its fed tokens one step at a time):
 /// the final logits.
-fn run_alone(model: &Model, s: usize, prompt_len: usize, fed: &[u32], vocab: usize) -> anyhow::Result<Vec<f32>> {
+fn run_alone<B: Backend>(model: &Model<B>, s: usize, prompt_len: usize, fed: &[u32], vocab: usize) -> anyhow::Result<Vec<f32>> {
     let mut cache = model.new_cache(prompt_len + fed.len() + 1)?;
     let mut last = model.forward(&mut cache, &prompt(s, prompt_len, vocab), Logits::Last)?;
     for &t in fed {
@@ -126,7 +127,20 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let be = civetta::backend::create_with(&backend, 0, &opts)?;
-    let file = Arc::new(GgufFile::open(std::path::Path::new(&model_path))?);
+    civetta::with_backend!(be, be => bench(be, &model_path, &batches, steps, prompt_len, profile, paged))
+}
+
+/// The batch sizes' runs on `be`, printed as a table (and per-kernel profiles with --profile).
+fn bench<B: Backend>(
+    be: Arc<B>,
+    model_path: &str,
+    batches: &[usize],
+    steps: usize,
+    prompt_len: usize,
+    profile: bool,
+    paged: usize,
+) -> anyhow::Result<()> {
+    let file = Arc::new(GgufFile::open(std::path::Path::new(model_path))?);
     let model = Model::load(file, be.clone())?;
     let vocab = model.hp.n_vocab;
     println!("backend {} ({}), {steps} decode steps after a {prompt_len}-token prompt per sequence", be.name(), be.fingerprint());
@@ -134,7 +148,7 @@ fn main() -> anyhow::Result<()> {
     println!("|---:|---:|---:|---:|---:|");
     let warm = 3;
     let mut base = None;
-    for &b in &batches {
+    for &b in batches {
         kernel_registry::configure(false, 1.0);
         let r = run_batch(&model, b, prompt_len, warm, steps, vocab, paged)?;
         let tps = (b * steps) as f64 / r.seconds;
@@ -167,9 +181,6 @@ fn main() -> anyhow::Result<()> {
                 );
             }
             println!();
-        }
-        if let Some(e) = be.take_error() {
-            return Err(e);
         }
     }
     Ok(())

@@ -21,7 +21,9 @@
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
+use civetta::backend::cpu::CpuBackend;
 use civetta::backend::gpu::GpuOptions;
+use civetta::backend::{Backend, LoadedBackend};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{Logits, Model, SeqRows};
 use civetta::synth::{synth_model, SynthSpec};
@@ -61,7 +63,7 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-fn greedy(model: &Model, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u32>, Vec<f64>)> {
+fn greedy<B: Backend>(model: &Model<B>, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u32>, Vec<f64>)> {
     let mut cache = model.new_cache(prompt.len() + steps + 1)?;
     let mut logits = model.forward(&mut cache, prompt, Logits::Last)?;
     let (mut out, mut margins) = (Vec::new(), Vec::new());
@@ -75,7 +77,7 @@ fn greedy(model: &Model, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u3
 }
 
 /// Logits of each decode step over `tokens` after `prompt` (teacher forcing, one row a step).
-fn decode_logits(model: &Model, prompt: &[u32], tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
+fn decode_logits<B: Backend>(model: &Model<B>, prompt: &[u32], tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
     let mut cache = model.new_cache(prompt.len() + tokens.len() + 1)?;
     model.forward(&mut cache, prompt, Logits::Last)?;
     tokens.iter().map(|&t| model.forward(&mut cache, &[t], Logits::Last)).collect()
@@ -84,7 +86,7 @@ fn decode_logits(model: &Model, prompt: &[u32], tokens: &[u32]) -> anyhow::Resul
 /// The batched forward on one backend against the same sequences run alone on it: three
 /// sequences of different lengths prefilled in one pass, then one decode row each in one
 /// pass. Returns the largest relative L2 difference of their last-row logits.
-fn batch_vs_solo(model: &Model, prompt: &[u32]) -> anyhow::Result<f64> {
+fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result<f64> {
     let parts = [&prompt[..50], &prompt[50..70], &prompt[70..]];
     let next = [prompt[1], prompt[2], prompt[3]];
     let mut solo = Vec::new();
@@ -95,12 +97,12 @@ fn batch_vs_solo(model: &Model, prompt: &[u32]) -> anyhow::Result<f64> {
         solo.push((a, b));
     }
     let mut caches = parts.iter().map(|p| model.new_cache(p.len() + 1)).collect::<anyhow::Result<Vec<_>>>()?;
-    let mut rows: Vec<SeqRows> =
+    let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(parts).map(|(cache, tokens)| SeqRows { cache, tokens, logits: Logits::Last }).collect();
     let prefill = model.forward_batch(&mut rows)?;
     drop(rows);
     let decode_tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-    let mut rows: Vec<SeqRows> =
+    let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(&decode_tokens).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
     let decode = model.forward_batch(&mut rows)?;
     let mut worst = 0f64;
@@ -123,10 +125,38 @@ fn main() -> anyhow::Result<()> {
     let archs = arg(&args, "--archs", "llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe");
     let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k");
     let size = arg(&args, "--size", "small");
-    let dir = tempfile::tempdir()?;
-    let cpu = civetta::backend::create("cpu", 0)?;
+    let cpu = civetta::backend::create_cpu(0)?;
     let gpu = civetta::backend::create_with(&backend, 0, &opts)?;
     let gpu_eager = civetta::backend::create_with(&backend, 0, &GpuOptions { eager: true, ..opts.clone() })?;
+    // One name, one backend type: the pair is matched once and the check runs monomorphised.
+    #[allow(unreachable_patterns)]
+    let failures = match (gpu, gpu_eager) {
+        (LoadedBackend::Cpu(g), LoadedBackend::Cpu(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+        #[cfg(feature = "cuda")]
+        (LoadedBackend::Cuda(g), LoadedBackend::Cuda(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+        #[cfg(feature = "hip")]
+        (LoadedBackend::Hip(g), LoadedBackend::Hip(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+        _ => unreachable!("one backend name made two backends of different types"),
+    };
+    if failures > 0 {
+        eprintln!("gpu_check: {failures} model(s) outside tolerance");
+        std::process::exit(1);
+    }
+    println!("gpu_check: all models within tolerance");
+    Ok(())
+}
+
+/// Every arch x quant model on `gpu` (and `gpu_eager`) against the CPU backend; returns the
+/// count of models outside tolerance.
+fn check_all<G: Backend>(
+    cpu: &Arc<CpuBackend>,
+    gpu: &Arc<G>,
+    gpu_eager: &Arc<G>,
+    archs: &str,
+    quants: &str,
+    size: &str,
+) -> anyhow::Result<usize> {
+    let dir = tempfile::tempdir()?;
     println!("backend {} ({}), CPU reference {}", gpu.name(), gpu.fingerprint(), cpu.variant());
     println!(
         "| model | prefill rel. L2 err (max) | tolerance | argmax agree | greedy 64 | batch vs solo (GPU) | graphs vs eager | result |"
@@ -136,7 +166,7 @@ fn main() -> anyhow::Result<()> {
     for arch in archs.split(',') {
         for q in quants.split(',') {
             let t = GgmlType::parse(q).ok_or_else(|| anyhow::anyhow!("unknown type {q}"))?;
-            let mut spec = SynthSpec::preset(arch, t, &size)?;
+            let mut spec = SynthSpec::preset(arch, t, size)?;
             if arch == "gemma3" {
                 (spec.heads, spec.kv_heads, spec.head_dim) = (4, 1, 256);
             }
@@ -180,10 +210,5 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    if failures > 0 {
-        eprintln!("gpu_check: {failures} model(s) outside tolerance");
-        std::process::exit(1);
-    }
-    println!("gpu_check: all models within tolerance");
-    Ok(())
+    Ok(failures)
 }

@@ -13,7 +13,9 @@
 //! "µs / call" is the kernel alone (an event pair around each launch); "µs, queued" is the wall
 //! time per launch of `iters` launches queued back to back (launch gaps included).
 
+use civetta::backend::cpu::CpuBackend;
 use civetta::backend::gpu::GpuOptions;
+use civetta::backend::{Backend, LoadedBackend};
 use civetta::gguf::GgufFile;
 use civetta::kernel_registry;
 use std::sync::Arc;
@@ -45,10 +47,48 @@ fn main() -> anyhow::Result<()> {
         matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
         ..Default::default()
     };
-    let be = civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: variants[0].clone(), ..opts.clone() })?;
     let file = Arc::new(GgufFile::open(std::path::Path::new(&model))?);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let cpu = civetta::backend::create("cpu", threads)?;
+    let cpu = civetta::backend::create_cpu(threads)?;
+    // One backend per variant, all of the type `--backend` names: matched once, then the
+    // benchmark runs monomorphised for it.
+    let mut loaded = Vec::new();
+    for v in &variants {
+        loaded.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
+    }
+    macro_rules! all_of {
+        ($variant:path) => {{
+            #[allow(unreachable_patterns)]
+            let v: Vec<_> = loaded
+                .into_iter()
+                .map(|l| match l {
+                    $variant(b) => b,
+                    _ => unreachable!("one backend name made backends of different types"),
+                })
+                .collect();
+            v
+        }};
+    }
+    let first = loaded[0].clone();
+    match first {
+        LoadedBackend::Cpu(_) => bench(all_of!(LoadedBackend::Cpu), &cpu, &file, &variants, &rows_list, iters),
+        #[cfg(feature = "cuda")]
+        LoadedBackend::Cuda(_) => bench(all_of!(LoadedBackend::Cuda), &cpu, &file, &variants, &rows_list, iters),
+        #[cfg(feature = "hip")]
+        LoadedBackend::Hip(_) => bench(all_of!(LoadedBackend::Hip), &cpu, &file, &variants, &rows_list, iters),
+    }
+}
+
+/// The copy bandwidth of `backends[0]`'s device, then every weight x rows x variant.
+fn bench<G: Backend>(
+    backends: Vec<Arc<G>>,
+    cpu: &Arc<CpuBackend>,
+    file: &Arc<GgufFile>,
+    variants: &[String],
+    rows_list: &[usize],
+    iters: usize,
+) -> anyhow::Result<()> {
+    let be = &backends[0];
 
     // Copy bandwidth: 1 GiB device to device, median of 10.
     let n = 256 << 20;
@@ -56,19 +96,16 @@ fn main() -> anyhow::Result<()> {
     let mut dst = be.alloc(n)?;
     let mut times = Vec::new();
     for i in 0..12 {
-        be.synchronize();
+        be.synchronize()?;
         let t0 = Instant::now();
-        be.copy_row(&src, 0, n, &mut dst);
-        be.synchronize();
+        be.copy_row(&src, 0, n, &mut dst)?;
+        be.synchronize()?;
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
     drop((src, dst));
     let copy_gbs = 2.0 * (n * 4) as f64 / median(times) / 1e9;
-    if let Some(e) = be.take_error() {
-        return Err(e);
-    }
     println!("device {} | copy bandwidth {copy_gbs:.0} GB/s (read + write, 1 GiB, median of 10)\n", be.fingerprint()["device"]);
     println!("| tensor | type | N x K | rows | variant | kernel | µs / call | weight GB/s | of copy bw | µs, queued | rel. L2 vs CPU |");
     println!("|---|---|---|---:|---|---|---:|---:|---:|---:|---:|");
@@ -78,35 +115,31 @@ fn main() -> anyhow::Result<()> {
         .map(|t| format!("blk.0.{t}.weight"))
         .collect();
     names.push(if file.tensors.iter().any(|t| t.name == "output.weight") { "output.weight" } else { "token_embd.weight" }.into());
-    let mut backends = vec![be];
-    for v in &variants[1..] {
-        backends.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
-    }
     for name in names {
         let Some(info) = file.tensors.iter().find(|t| t.name == name) else { continue };
         let bytes = file.tensor_data(info).len();
-        let cw = cpu.load_weight(&file, &name)?;
-        for &rows in &rows_list {
+        let cw = cpu.load_weight(file, &name)?;
+        for &rows in rows_list {
             let host: Vec<f32> = (0..rows * cw.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
             let mut want = vec![0f32; rows * cw.rows];
             {
                 let mut x = cpu.alloc(rows * cw.cols)?;
-                cpu.write(&mut x, 0, &host);
+                cpu.write(&mut x, 0, &host)?;
                 let mut y = cpu.alloc(rows * cw.rows)?;
-                cpu.matmul(&cw, &x, rows, &mut y);
-                cpu.read(&y, 0, &mut want);
+                cpu.matmul(&cw, &x, rows, &mut y)?;
+                cpu.read(&y, 0, &mut want)?;
             }
             for (variant, be) in variants.iter().zip(&backends) {
-                let w = be.load_weight(&file, &name)?;
+                let w = be.load_weight(file, &name)?;
                 let mut x = be.alloc(rows * w.cols)?;
-                be.write(&mut x, 0, &host);
+                be.write(&mut x, 0, &host)?;
                 let mut y = be.alloc(rows * w.rows)?;
                 for _ in 0..10 {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let mut got = vec![0f32; rows * w.rows];
-                be.read(&y, 0, &mut got);
+                be.read(&y, 0, &mut got)?;
                 let (mut num, mut den) = (0f64, 0f64);
                 for (g, r) in got.iter().zip(&want) {
                     num += f64::from(g - r).powi(2);
@@ -116,21 +149,18 @@ fn main() -> anyhow::Result<()> {
                 // Queued back to back, untimed: launch gaps included.
                 let t0 = Instant::now();
                 for _ in 0..iters {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let queued = t0.elapsed().as_secs_f64() / iters as f64;
                 kernel_registry::configure(true, 1.0);
                 kernel_registry::registry().reset();
                 for _ in 0..iters {
-                    be.matmul(&w, &x, rows, &mut y);
+                    be.matmul(&w, &x, rows, &mut y)?;
                 }
-                be.synchronize();
+                be.synchronize()?;
                 let snap = kernel_registry::registry().snapshot();
                 kernel_registry::configure(false, 1.0);
-                if let Some(e) = be.take_error() {
-                    return Err(e);
-                }
                 // The mat-vec kernel of this call (the one with the most time of those launched
                 // `iters` times); a quantiser launch before it is added to its time.
                 let launched: Vec<_> = snap.iter().filter(|s| s.calls as usize >= iters && s.timed_calls > 0).collect();

@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<()> {
     let (path, mode) = (&a[1], a[2].as_str());
     let (c, steps, threads): (usize, usize, usize) = (a[3].parse()?, a[4].parse()?, a[5].parse()?);
     anyhow::ensure!(mode == "fresh" || mode == "reused", "mode is fresh or reused, not {mode}");
-    let model = civetta::model::load_file(std::path::Path::new(path), civetta::backend::create("cpu", threads)?)?;
+    let model = civetta::model::load_file(std::path::Path::new(path), civetta::backend::create_cpu(threads)?)?;
     let vocab = model.hp.n_vocab as u32;
     let prompt_len = 16;
     let mut caches: Vec<_> = (0..c).map(|_| model.new_cache(prompt_len + steps + 1)).collect::<anyhow::Result<_>>()?;
@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let mut checksum = 0f64;
     for step in 0..steps {
         let tokens: Vec<[u32; 1]> = (0..c).map(|i| [((step * 31 + i * 17) as u32) % vocab]).collect();
-        let mut rows: Vec<SeqRows> =
+        let mut rows: Vec<SeqRows<_>> =
             caches.iter_mut().zip(&tokens).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
         let logits = match mode {
             "fresh" => model.forward_batch_in(None, &mut rows)?,

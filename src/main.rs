@@ -292,10 +292,12 @@ fn info(a: InfoArgs) -> anyhow::Result<()> {
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     let tokens = parse_ids(&a.tokens)?;
     let be = civetta::backend::create_with(&a.backend.backend, a.threads, &a.backend.gpu_options())?;
-    let model = civetta::model::load_file(&a.model, be)?;
-    let all = civetta::model::all_logits(&model, &tokens)?;
-    let rows: Vec<&[f32]> = all.chunks(model.hp.n_vocab).collect();
-    println!("{}", serde_json::json!({ "n_vocab": model.hp.n_vocab, "logits": rows }));
+    let (n_vocab, all) = civetta::with_backend!(be, be => {
+        let model = civetta::model::load_file(&a.model, be)?;
+        (model.hp.n_vocab, civetta::model::all_logits(&model, &tokens)?)
+    });
+    let rows: Vec<&[f32]> = all.chunks(n_vocab).collect();
+    println!("{}", serde_json::json!({ "n_vocab": n_vocab, "logits": rows }));
     Ok(())
 }
 

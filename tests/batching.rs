@@ -6,6 +6,7 @@
 mod common;
 
 use civetta::backend;
+use civetta::backend::cpu::CpuBackend;
 use civetta::engine::{Engine, EngineConfig, GenerationEvent, SubmitError};
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
 use std::path::Path;
@@ -14,7 +15,7 @@ use common::{argmax, bits, greedy_request as request, prompt};
 
 /// The solo run: the whole prompt in one call, then one decode call per token (greedy).
 /// Returns the logits each sampled token was taken from.
-fn solo(model: &Model, prompt: &[u32], new_tokens: usize) -> Vec<Vec<f32>> {
+fn solo(model: &Model<CpuBackend>, prompt: &[u32], new_tokens: usize) -> Vec<Vec<f32>> {
     let mut cache = model.new_cache(prompt.len() + new_tokens).unwrap();
     let mut out = vec![model.forward(&mut cache, prompt, Logits::Last).unwrap()];
     while out.len() < new_tokens {
@@ -27,7 +28,7 @@ fn solo(model: &Model, prompt: &[u32], new_tokens: usize) -> Vec<Vec<f32>> {
 struct Live {
     prompt: Vec<u32>,
     prefilled: usize,
-    cache: KvCache,
+    cache: KvCache<CpuBackend>,
     last: u32,
     logits: Vec<Vec<f32>>,
 }
@@ -39,7 +40,7 @@ struct Live {
 /// interleaved (sequence i owns blocks i, i + n, i + 2n, ... in reverse order), as the engine
 /// keeps them; the CPU backend then runs all sequences' attention of a layer as one call.
 fn batched(
-    model: &Model,
+    model: &Model<CpuBackend>,
     prompts: &[Vec<u32>],
     start: &[usize],
     new_tokens: usize,
@@ -114,7 +115,7 @@ fn batched(
 }
 
 fn check_model(path: &Path, prompt_lens: &[usize], new_tokens: usize) {
-    let be = backend::create("cpu", 2).unwrap();
+    let be = backend::create_cpu(2).unwrap();
     let model = model::load_file(path, be).unwrap();
     let vocab = model.hp.n_vocab;
     let prompts: Vec<Vec<u32>> = prompt_lens.iter().enumerate().map(|(i, &n)| prompt(n, i as u32, vocab)).collect();

@@ -347,7 +347,11 @@ fn unsupported_models_are_refused_with_one_line() {
     ttype[ty..ty + 4].copy_from_slice(&10u32.to_le_bytes());
     for (bytes, file, phrase) in [
         (arch, "arch.gguf", &format!("unsupported architecture \"mamba\" (supported: {})", civetta::model::SUPPORTED_ARCHS)),
-        (ttype, "ttype.gguf", &"tensor \"blk.0.attn_q.weight\" has type q2_K which the CPU backend does not support".to_string()),
+        (
+            ttype,
+            "ttype.gguf",
+            &format!("tensor \"blk.0.attn_q.weight\" of {}: type q2_K is not supported", dir.path().join("ttype.gguf").display()),
+        ),
     ] {
         let path = dir.path().join(file);
         std::fs::write(&path, bytes).unwrap();

@@ -80,7 +80,7 @@ fn model_loads_with_gemma3_hyperparameters() {
     assert!(hp.layer_window(5).is_none() && hp.layer_window(11).is_none() && hp.layer_window(17).is_none());
     assert_eq!(hp.layer_window(0), Some(512));
     assert_eq!((hp.layer_rope_base(0), hp.layer_rope_base(5)), (10000.0, 1e6));
-    let backend = civetta::backend::create("cpu", 2).unwrap();
+    let backend = civetta::backend::create_cpu(2).unwrap();
     model::load_file(&model, backend).expect("loading every tensor");
 }
 
@@ -119,7 +119,7 @@ fn tokenizer_matches_llama_cpp_with_and_without_special_tokens() {
 fn last_prompt_logits_match_llama_cpp() {
     let Some(model_path) = real_model() else { return };
     let reference = reference();
-    let backend = civetta::backend::create("cpu", 2).unwrap();
+    let backend = civetta::backend::create_cpu(2).unwrap();
     let model = model::load_file(&model_path, backend).expect("loading the model");
     let mut report = Vec::new();
     let mut failures = Vec::new();

@@ -8,6 +8,7 @@
 mod common;
 
 use civetta::backend;
+use civetta::backend::cpu::CpuBackend;
 use civetta::engine::kv::BlockManager;
 use civetta::engine::{Engine, GenerationEvent, GenerationRequest, GenerationSummary, InvalidRequest, SubmitError};
 use civetta::model::{self, KvCache, Logits, Model};
@@ -18,9 +19,9 @@ use common::{argmax, bits, prompt};
 /// Prefills `prompt[cache.len..]` in chunks of `chunk`, then decodes greedily; returns the
 /// logits each new token was taken from (`new_tokens` of them).
 fn run(
-    model: &Model,
-    pool: Option<&mut model::KvPool>,
-    cache: &mut KvCache,
+    model: &Model<CpuBackend>,
+    pool: Option<&mut model::KvPool<CpuBackend>>,
+    cache: &mut KvCache<CpuBackend>,
     prompt: &[u32],
     chunk: usize,
     new_tokens: usize,
@@ -51,7 +52,7 @@ fn assert_bit_equal(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
 }
 
 fn check_model(path: &Path, vocab: usize) {
-    let be = backend::create("cpu", 2).unwrap();
+    let be = backend::create_cpu(2).unwrap();
     let model = model::load_file(path, be).unwrap();
     let (new_tokens, bs) = (5, 16);
     let p = prompt(70, 3, vocab);
@@ -124,7 +125,7 @@ fn finish(stream: &mut civetta::engine::GenerationStream) -> GenerationSummary {
 }
 
 /// Greedy tokens of the solo run on a contiguous cache.
-fn solo_tokens(model: &Model, p: &[u32], n: usize) -> Vec<u32> {
+fn solo_tokens(model: &Model<CpuBackend>, p: &[u32], n: usize) -> Vec<u32> {
     let mut cache = model.new_cache(p.len() + n).unwrap();
     run(model, None, &mut cache, p, 1000, n).iter().map(|l| argmax(l)).collect()
 }
@@ -134,7 +135,7 @@ fn engine_reuses_prefix_blocks_waits_for_blocks_and_evicts() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::synth(dir.path(), "llama", "q4_1");
     let vocab = 640;
-    let reference = model::load_file(&path, backend::create("cpu", 2).unwrap()).unwrap();
+    let reference = model::load_file(&path, backend::create_cpu(2).unwrap()).unwrap();
     // A pool of 12 blocks of 16 tokens: one 100-token request + 12 new tokens takes 7.
     let block_bytes = reference.cache_bytes(16) as u64;
     let e = engine(&path, 12 * block_bytes);

@@ -23,7 +23,7 @@ const VOCAB: usize = 640;
 
 fn engine(path: &Path, kv_blocks: Option<u64>) -> Engine {
     let block_bytes = {
-        let m = civetta::model::load_file(path, civetta::backend::create("cpu", 1).unwrap()).unwrap();
+        let m = civetta::model::load_file(path, civetta::backend::create_cpu(1).unwrap()).unwrap();
         m.cache_bytes(16) as u64
     };
     common::small_engine(path, kv_blocks.map_or(0, |n| n * block_bytes))

@@ -9,6 +9,7 @@
 mod common;
 
 use civetta::backend;
+use civetta::backend::cpu::CpuBackend;
 use civetta::engine::kv::BlockManager;
 use civetta::engine::{Engine, FinishReason, GenerationEvent, GenerationRequest};
 use civetta::model::{self, KvCache, Logits, Model, SeqRows};
@@ -32,9 +33,9 @@ fn synth(dir: &Path, arch: &str, quant: &str, layers: &str) -> PathBuf {
 /// Prefills `prompt` in chunks of `chunk`, then decodes greedily; the logits of every new
 /// token (`new_tokens` of them).
 fn run(
-    model: &Model,
-    mut pool: Option<&mut model::KvPool>,
-    cache: &mut KvCache,
+    model: &Model<CpuBackend>,
+    mut pool: Option<&mut model::KvPool<CpuBackend>>,
+    cache: &mut KvCache<CpuBackend>,
     prompt: &[u32],
     chunk: usize,
     new_tokens: usize,
@@ -57,7 +58,7 @@ fn run(
 }
 
 fn check_model(path: &Path) {
-    let model = model::load_file(path, backend::create("cpu", 2).unwrap()).unwrap();
+    let model = model::load_file(path, backend::create_cpu(2).unwrap()).unwrap();
     let window = model.hp.sliding_window.expect("a windowed model").window;
     let (bs, chunk, new_tokens) = (4, 5, 24);
     // 120 prompt tokens: 15 windows; the untrimmed cache keeps all of them on every layer.
@@ -127,7 +128,7 @@ fn collect(e: &Engine, req: GenerationRequest, peak: &mut usize) -> (Vec<(u32, u
 fn engine_keeps_a_window_per_sequence_and_preemption_stays_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), "gemma3", "q8_0", "6");
-    let model = model::load_file(&path, backend::create("cpu", 1).unwrap()).unwrap();
+    let model = model::load_file(&path, backend::create_cpu(1).unwrap()).unwrap();
     let bs = civetta::engine::kv::KV_BLOCK_TOKENS;
     let ring_blocks = model.local_ring_blocks(16, bs).unwrap();
     let (block_bytes, ring_bytes) = model.windowed_kv_bytes(bs, ring_blocks);
@@ -191,7 +192,7 @@ fn engine_keeps_a_window_per_sequence_and_preemption_stays_bit_exact() {
 #[ignore]
 fn real_gemma3_trimmed_equals_untrimmed_over_two_windows() {
     let path = common::real_model("scripts/fetch-gemma3.sh", "models/gemma-3-270m-q4_k_m.gguf");
-    let model = model::load_file(&path, backend::create("cpu", 2).unwrap()).unwrap();
+    let model = model::load_file(&path, backend::create_cpu(2).unwrap()).unwrap();
     let (bs, chunk, new_tokens) = (16, 64, 8);
     let p = prompt(1100, 9, model.hp.n_vocab);
     let mut solo_cache = model.new_cache(p.len() + new_tokens).unwrap();

@@ -5,7 +5,8 @@
 
 mod common;
 
-use civetta::backend::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, Weight};
+use civetta::backend::cpu::CpuBackend;
+use civetta::backend::{AttentionShape, Backend, KvBlocks, RopeScaling, RopeStyle, WeightOf};
 use civetta::engine::{Engine, EngineConfig, GenerationEvent};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{self, HParams, Logits, SeqRows, WorkspaceShape};
@@ -15,18 +16,22 @@ use std::sync::Arc;
 use common::{bits, greedy_request, prompt};
 
 /// The CPU backend, counting the activation buffers asked of it (`alloc`).
-struct Counting {
-    inner: Arc<dyn Backend>,
+struct Counting<B: Backend> {
+    inner: Arc<B>,
     allocs: AtomicUsize,
 }
 
-impl Counting {
+impl<B: Backend> Counting<B> {
     fn allocs(&self) -> usize {
         self.allocs.load(Ordering::SeqCst)
     }
 }
 
-impl Backend for Counting {
+impl<B: Backend> Backend for Counting<B> {
+    type Buffer = B::Buffer;
+    type KvBuffer = B::KvBuffer;
+    type WeightData = B::WeightData;
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -36,70 +41,117 @@ impl Backend for Counting {
     fn supports(&self, t: GgmlType) -> bool {
         self.inner.supports(t)
     }
-    fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
+    fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
         self.inner.check_model(hp)
     }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.load_weight(file, name)
     }
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc(&self, len: usize) -> civetta::backend::Result<Self::Buffer> {
         self.allocs.fetch_add(1, Ordering::SeqCst);
         self.inner.alloc(len)
     }
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
+    fn alloc_kv_cache(&self, len: usize) -> civetta::backend::Result<Self::KvBuffer> {
         self.inner.alloc_kv_cache(len)
     }
     fn kv_cache_elem_bytes(&self) -> usize {
         self.inner.kv_cache_elem_bytes()
     }
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> civetta::backend::Result<()> {
         self.inner.write(dst, offset, src)
     }
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
+    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
         self.inner.read(src, offset, dst)
     }
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.embed(table, tokens, out)
     }
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
+    fn rmsnorm(
+        &self,
+        x: &Self::Buffer,
+        w: &WeightOf<Self>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.rmsnorm(x, w, rows, dim, eps, out)
     }
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
     }
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.matmul(w, x, rows, out)
     }
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+    fn matmul_many(
+        &self,
+        ws: &[&WeightOf<Self>],
+        x: &Self::Buffer,
+        rows: usize,
+        outs: &mut [&mut Self::Buffer],
+    ) -> civetta::backend::Result<()> {
         self.inner.matmul_many(ws, x, rows, outs)
     }
-    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+    fn matmul_add(
+        &self,
+        w: &WeightOf<Self>,
+        x: &mut Self::Buffer,
+        up: Option<&Self::Buffer>,
+        rows: usize,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.matmul_add(w, x, up, rows, out, scratch)
     }
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> civetta::backend::Result<()> {
         self.inner.add_bias(x, b, rows)
     }
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> civetta::backend::Result<()> {
         self.inner.rope(x, positions, n_heads, head_dim, freq_base, style)
     }
     #[allow(clippy::too_many_arguments)]
     fn rope_scaled(
         &self,
-        x: &mut Buffer,
+        x: &mut Self::Buffer,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
         freq_base: f32,
         style: RopeStyle,
         scaling: RopeScaling,
-    ) -> anyhow::Result<()> {
+    ) -> civetta::backend::Result<()> {
         self.inner.rope_scaled(x, positions, n_heads, head_dim, freq_base, style, scaling)
     }
     #[allow(clippy::too_many_arguments)]
-    fn kv_store(&self, k: &Buffer, v: &Buffer, kc: &mut Buffer, vc: &mut Buffer, src_row: usize, start: usize, n: usize, kvd: usize) {
+    fn kv_store(
+        &self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        kc: &mut Self::KvBuffer,
+        vc: &mut Self::KvBuffer,
+        src_row: usize,
+        start: usize,
+        n: usize,
+        kvd: usize,
+    ) -> civetta::backend::Result<()> {
         self.inner.kv_store(k, v, kc, vc, src_row, start, n, kvd)
     }
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.attention(q, k_cache, v_cache, s, out)
     }
     fn paged_kv(&self) -> bool {
@@ -108,77 +160,90 @@ impl Backend for Counting {
     #[allow(clippy::too_many_arguments)]
     fn kv_store_paged(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_pool: &mut Buffer,
-        v_pool: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_pool: &mut Self::KvBuffer,
+        v_pool: &mut Self::KvBuffer,
         src_row: usize,
         blocks: KvBlocks<'_>,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> civetta::backend::Result<()> {
         self.inner.kv_store_paged(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim)
     }
-    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
+    fn attention_paged(
+        &self,
+        q: &Self::Buffer,
+        k_pool: &Self::KvBuffer,
+        v_pool: &Self::KvBuffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.attention_paged(q, k_pool, v_pool, blocks, s, out)
     }
     #[allow(clippy::too_many_arguments)]
     fn attention_with_sinks(
         &self,
-        q: &Buffer,
-        k_cache: &Buffer,
-        v_cache: &Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
         blocks: KvBlocks<'_>,
         s: AttentionShape,
         sinks: &[f32],
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+        out: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.attention_with_sinks(q, k_cache, v_cache, blocks, s, sinks, out)
     }
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.silu_mul(gate, up, n)
     }
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.gelu_tanh_mul(gate, up, n)
     }
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> civetta::backend::Result<()> {
         self.inner.scale(x, n, s)
     }
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.add(x, y, n)
     }
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.copy_row(src, src_row, dim, dst)
     }
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
+    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.gather_rows(src, rows, dim, dst)
     }
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
         self.inner.weight_rows(w, first_row, n_rows, name)
     }
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
         self.inner.scatter_rows(src, rows, dim, dst)
     }
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+    fn weighted_sum_rows(
+        &self,
+        src: &Self::Buffer,
+        weights: &[f32],
+        n: usize,
+        k: usize,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> civetta::backend::Result<()> {
         self.inner.weighted_sum_rows(src, weights, n, k, dim, out)
     }
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> civetta::backend::Result<()> {
         self.inner.scale_rows(x, scales, dim)
     }
-    fn synchronize(&self) {
+    fn synchronize(&self) -> civetta::backend::Result<()> {
         self.inner.synchronize()
     }
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         self.inner.run(pass)
     }
-    fn take_error(&self) -> Option<anyhow::Error> {
-        self.inner.take_error()
-    }
 }
 
-fn counting_cpu() -> Arc<Counting> {
-    Arc::new(Counting { inner: civetta::backend::create("cpu", 2).unwrap(), allocs: AtomicUsize::new(0) })
+fn counting_cpu() -> Arc<Counting<CpuBackend>> {
+    Arc::new(Counting { inner: civetta::backend::create_cpu(2).unwrap(), allocs: AtomicUsize::new(0) })
 }
 
 fn tokens_of(stream: &mut civetta::engine::GenerationStream) -> Vec<u32> {
@@ -249,7 +314,7 @@ fn a_reused_workspace_gives_the_logits_of_a_fresh_one_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     for arch in ["llama", "gemma3", "qwen2moe", "qwen3moe", "gpt-oss"] {
         let path = common::synth(dir.path(), arch, "q8_0");
-        let model = model::load_file(&path, civetta::backend::create("cpu", 2).unwrap()).unwrap();
+        let model = model::load_file(&path, civetta::backend::create_cpu(2).unwrap()).unwrap();
         let vocab = model.hp.n_vocab;
         let mut ws = model.new_workspace(WorkspaceShape { rows: 48, logit_rows: 48 }).unwrap();
         let prompts: Vec<Vec<u32>> = [30usize, 5, 12].iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 7, vocab)).collect();
@@ -265,9 +330,9 @@ fn a_reused_workspace_gives_the_logits_of_a_fresh_one_bit_for_bit() {
             passes.push((0..3).map(|s| (s, vec![(step * 13 + s as u32 * 5) % (vocab as u32 - 2) + 1], Logits::Last)).collect());
         }
         for (pi, pass) in passes.iter().enumerate() {
-            let run = |caches: &mut Vec<civetta::model::KvCache>, ws: Option<&mut civetta::model::Workspace>| {
-                let mut picked: Vec<Option<&mut civetta::model::KvCache>> = caches.iter_mut().map(Some).collect();
-                let mut rows: Vec<SeqRows> =
+            let run = |caches: &mut Vec<civetta::model::KvCache<CpuBackend>>, ws: Option<&mut civetta::model::Workspace<CpuBackend>>| {
+                let mut picked: Vec<Option<&mut civetta::model::KvCache<CpuBackend>>> = caches.iter_mut().map(Some).collect();
+                let mut rows: Vec<SeqRows<CpuBackend>> =
                     pass.iter().map(|(s, t, l)| SeqRows { cache: picked[*s].take().unwrap(), tokens: &t[..], logits: *l }).collect();
                 match ws {
                     Some(ws) => model.forward_batch_with(None, ws, &mut rows).unwrap(),

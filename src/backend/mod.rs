@@ -1,31 +1,48 @@
 //! The Backend trait: memory and the ops the forward pass needs.
 //!
 //! The forward pass (`crate::model`) only talks to this trait, so CPU, HIP and CUDA backends
-//! are interchangeable. Buffers and weights are opaque handles that each backend downcasts
-//! to its own storage. Every op implementation reports through `crate::kernel_registry`.
+//! are interchangeable. Every op implementation reports through `crate::kernel_registry`.
+//!
+//! Typed handles: each backend names its own storage in associated types (as candle's
+//! `BackendStorage`): `Buffer` (f32 activations), `KvBuffer` (one layer's K or V cache, in the
+//! backend's element type) and `WeightData` (a prepared weight tensor, wrapped in a
+//! [`Weight`] with the shape the model file gives, the same on every backend). Code that runs
+//! a model is generic over `B: Backend` and monomorphised, so an op gets the backend's own
+//! types: no `dyn Any`, no downcast, no "foreign buffer" to refuse. The one place that picks a
+//! backend by name, [`create_with`], returns a [`LoadedBackend`] enum, which its caller
+//! matches once ([`with_backend!`](crate::with_backend)).
+//!
+//! One error convention: every fallible method returns [`Result`], whose [`Error`] says what
+//! went wrong (out of device memory with the size, an unsupported op, type or shape, a driver
+//! call that failed with its name and code, arguments outside a tensor). GPU ops are queued:
+//! a fault of a kernel surfaces at the next call that waits for the device (`read`,
+//! `synchronize`), as `Error::Device` of that call. Callers propagate with `?`; the model turns
+//! the error into `anyhow::Error` at its boundary. Ops do not panic on device errors.
 
 pub mod cpu;
+mod error;
 pub mod gpu;
 
+pub use error::{Error, Result, ResultExt};
+
 use crate::gguf::{GgmlType, GgufFile};
-use std::any::Any;
 use std::sync::Arc;
 
-/// An f32 activation buffer owned by a backend.
-pub struct Buffer {
-    pub len: usize,
-    pub(crate) inner: Box<dyn Any + Send + Sync>,
-}
-
-/// A weight tensor prepared by a backend. 2-D weights are `rows` x `cols` in ggml order:
-/// each of the `rows` rows holds `cols` contiguous elements (a linear layer's output row).
-pub struct Weight {
+/// A weight tensor prepared by a backend: its name and shape, as the model file gives them
+/// (the same on every backend, so kept here once rather than behind a trait method), and
+/// the backend's `data` (`Backend::WeightData`). 2-D weights are `rows` x `cols` in ggml
+/// order: each of the `rows` rows holds `cols` contiguous elements (a linear layer's output
+/// row).
+pub struct Weight<D> {
     pub name: String,
     pub ggml_type: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    pub(crate) inner: Box<dyn Any + Send + Sync>,
+    pub data: D,
 }
+
+/// The weight type of backend `B`.
+pub type WeightOf<B> = Weight<<B as Backend>::WeightData>;
 
 /// Rotary embedding pairing: adjacent elements (llama) or halves (NeoX, Qwen).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +138,15 @@ pub struct SeqAttention<'a> {
     pub shape: AttentionShape,
 }
 
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + 'static {
+    /// An f32 activation buffer.
+    type Buffer: Send + Sync;
+    /// One layer's K or V cache (or pool), in the element type the backend stores
+    /// (`kv_cache_elem_bytes`); only `kv_store*` and `attention*` of the backend touch it.
+    type KvBuffer: Send + Sync;
+    /// A weight tensor's storage, as `load_weight` prepared it.
+    type WeightData: Send + Sync;
+
     /// "cpu", "hip", "cuda".
     fn name(&self) -> &'static str;
     /// Implementation variant shown in metrics, e.g. "avx512vnni".
@@ -129,108 +154,127 @@ pub trait Backend: Send + Sync {
     /// Whether this backend can compute with weights of this type.
     fn supports(&self, t: GgmlType) -> bool;
     /// Refuses model shapes this backend has no kernels for (checked before loading weights).
-    fn check_model(&self, _hp: &crate::model::HParams) -> anyhow::Result<()> {
+    fn check_model(&self, _hp: &crate::model::HParams) -> Result<()> {
         Ok(())
     }
 
     /// Makes a tensor of the model file usable by this backend (borrowed from the mmap on CPU).
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight>;
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer>;
-    /// Allocates one layer's K or V cache of `len` elements. Backends pick the element type
-    /// (f32 by default; f16 like llama.cpp where a backend stores it so); only `kv_store` and
-    /// `attention` of the same backend read or write it.
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
-        self.alloc(len)
-    }
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>>;
+    fn alloc(&self, len: usize) -> Result<Self::Buffer>;
+    /// Allocates one layer's K or V cache of `len` elements, in the backend's element type
+    /// (f16 like llama.cpp on the CPU and GPU backends).
+    fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer>;
     /// Bytes per cached K or V element (matches `alloc_kv_cache`).
-    fn kv_cache_elem_bytes(&self) -> usize {
-        4
-    }
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]);
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]);
+    fn kv_cache_elem_bytes(&self) -> usize;
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()>;
+    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()>;
 
     /// out[t] = dequantized row tokens[t] of `table`.
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()>;
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()>;
     /// out = x / rms(x) * w over `rows` rows of `dim` (in place when x and out alias is not allowed: use rmsnorm_inplace).
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer);
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32);
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()>;
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()>;
     /// out[rows x w.rows] = x[rows x w.cols] · wᵀ.
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer);
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()>;
     /// `matmul` of several weights on the same input (q/k/v, gate/up), outs[i] for ws[i]. A
     /// backend may fuse them (the CPU backend quantises the input once and runs one parallel
     /// region); the default runs them one by one.
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.matmul(w, x, rows, out);
+            self.matmul(w, x, rows, out)?;
         }
+        Ok(())
     }
     /// out += W act (a residual add), where act = x, or silu(x) * up when `up` is given
     /// (SwiGLU into the down projection); x and `scratch` (rows * w.rows wide) are left
     /// undefined. A backend may run it as one kernel (the GPU decode mat-vecs); the default is
     /// silu_mul, matmul into `scratch` and add, the unfused ops bit for bit.
-    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+    fn matmul_add(
+        &self,
+        w: &WeightOf<Self>,
+        x: &mut Self::Buffer,
+        up: Option<&Self::Buffer>,
+        rows: usize,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) -> Result<()> {
         if let Some(up) = up {
-            self.silu_mul(x, up, rows * w.cols);
+            self.silu_mul(x, up, rows * w.cols)?;
         }
-        self.matmul(w, x, rows, scratch);
-        self.add(out, scratch, rows * w.rows);
+        self.matmul(w, x, rows, scratch)?;
+        self.add(out, scratch, rows * w.rows)
     }
     /// x[r] += b for each of `rows` rows.
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize);
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()>;
     /// Rotates `n_heads` heads of `head_dim` in each of the rows; row t has position positions[t].
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle);
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> Result<()>;
     /// `rope` with frequency scaling (linear or YaRN, as ggml's `rope_ext`). Backends without
     /// it refuse; their `check_model` refuses such models before loading.
     #[allow(clippy::too_many_arguments)]
     fn rope_scaled(
         &self,
-        x: &mut Buffer,
+        x: &mut Self::Buffer,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
         freq_base: f32,
         style: RopeStyle,
         scaling: RopeScaling,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let _ = (x, positions, n_heads, head_dim, freq_base, style, scaling);
-        anyhow::bail!("{} backend: RoPE scaling (linear / YaRN) is not supported", self.name())
+        Err(Error::unsupported(self.name(), "RoPE scaling (linear / YaRN)"))
     }
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide), starting at row `src_row` (a
     /// sequence's rows in a batch), into the caches at row `start_pos`.
     #[allow(clippy::too_many_arguments)]
     fn kv_store(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_cache: &mut Buffer,
-        v_cache: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
         src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    );
+    ) -> Result<()>;
     /// Causal multi-head attention of q against the caches (GQA when n_head_kv < n_head).
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, shape: AttentionShape, out: &mut Buffer);
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        shape: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
     /// Batched decode (issue #17): `kv_store` and `attention` for several sequences of one
     /// new row each, in one go. Row i of q, k, v and out is sequence i's (rows 0..caches.len(),
     /// in order); its caches are `caches[i]` (contiguous, one per sequence) and its row's
     /// position `start_pos[i]`; `shape` gives the heads (its n_tokens, start_pos, first_row
     /// and window are not used: no window). The same numbers as the per-sequence calls.
-    /// Returns false, having done nothing, where the backend has no batched kernels; the
+    /// Returns Ok(false), having done nothing, where the backend has no batched kernels; the
     /// caller then makes the per-sequence calls.
     #[allow(clippy::too_many_arguments)]
     fn decode_attention_batch(
         &self,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        caches: &mut [(&mut Buffer, &mut Buffer)],
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        caches: &mut [(&mut Self::KvBuffer, &mut Self::KvBuffer)],
         start_pos: &[usize],
         shape: AttentionShape,
-        out: &mut Buffer,
-    ) -> bool {
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
         let _ = (q, k, v, caches, start_pos, shape, out);
-        false
+        Ok(false)
     }
     /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
     /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
@@ -239,28 +283,36 @@ pub trait Backend: Send + Sync {
         false
     }
     /// `kv_store` into a pool made by `alloc_kv_cache`, position p at row `blocks.slot(p)`.
-    /// Called only where `paged_kv()` is true.
+    /// Called only where `paged_kv()` is true (the default returns `Error::Unsupported`).
     #[allow(clippy::too_many_arguments)]
     fn kv_store_paged(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_pool: &mut Buffer,
-        v_pool: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_pool: &mut Self::KvBuffer,
+        v_pool: &mut Self::KvBuffer,
         src_row: usize,
         blocks: KvBlocks<'_>,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> Result<()> {
         let _ = (k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim);
-        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+        Err(Error::unsupported(self.name(), "a paged KV cache (paged_kv() is false)"))
     }
     /// `attention` over a pool, position p at row `blocks.slot(p)`, bit for bit the same
     /// numbers as over a contiguous cache. Called only where `paged_kv()` is true.
-    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, shape: AttentionShape, out: &mut Buffer) {
+    fn attention_paged(
+        &self,
+        q: &Self::Buffer,
+        k_pool: &Self::KvBuffer,
+        v_pool: &Self::KvBuffer,
+        blocks: KvBlocks<'_>,
+        shape: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         let _ = (q, k_pool, v_pool, blocks, shape, out);
-        unreachable!("the {} backend has no paged KV cache (paged_kv() is false)", self.name())
+        Err(Error::unsupported(self.name(), "a paged KV cache (paged_kv() is false)"))
     }
     /// `attention_paged` (or `attention_with_sinks` when `sinks` is given) of several
     /// sequences of one batch over the same pool, one call per layer instead of one per
@@ -270,17 +322,17 @@ pub trait Backend: Send + Sync {
     /// items at once instead of 8 regions of n_head_kv); the default makes the calls in order.
     fn attention_paged_many(
         &self,
-        q: &Buffer,
-        k_pool: &Buffer,
-        v_pool: &Buffer,
+        q: &Self::Buffer,
+        k_pool: &Self::KvBuffer,
+        v_pool: &Self::KvBuffer,
         seqs: &[SeqAttention<'_>],
         sinks: Option<&[f32]>,
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         for s in seqs {
             match sinks {
                 Some(sinks) => self.attention_with_sinks(q, k_pool, v_pool, s.blocks, s.shape, sinks, out)?,
-                None => self.attention_paged(q, k_pool, v_pool, s.blocks, s.shape, out),
+                None => self.attention_paged(q, k_pool, v_pool, s.blocks, s.shape, out)?,
             }
         }
         Ok(())
@@ -292,87 +344,85 @@ pub trait Backend: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn attention_with_sinks(
         &self,
-        q: &Buffer,
-        k_cache: &Buffer,
-        v_cache: &Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
         blocks: KvBlocks<'_>,
         shape: AttentionShape,
         sinks: &[f32],
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         let _ = (q, k_cache, v_cache, blocks, shape, sinks, out);
-        anyhow::bail!("{} backend: attention sinks (gpt-oss) are not supported", self.name())
+        Err(Error::unsupported(self.name(), "attention sinks (gpt-oss)"))
     }
     /// gate = silu(gate) * up over n elements.
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize);
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()>;
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it
     /// (`quant::simd::geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
+    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
         let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
-        self.read(gate, 0, &mut g);
-        self.read(up, 0, &mut u);
+        self.read(gate, 0, &mut g)?;
+        self.read(up, 0, &mut u)?;
         crate::quant::simd::geglu::geglu_ggml(&mut g, &u);
-        self.write(gate, 0, &g);
+        self.write(gate, 0, &g)
     }
     /// x *= s over n elements (Gemma's embedding scale). The default goes through host memory.
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
+    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> Result<()> {
         let mut v = vec![0f32; n];
-        self.read(x, 0, &mut v);
+        self.read(x, 0, &mut v)?;
         v.iter_mut().for_each(|e| *e *= s);
-        self.write(x, 0, &v);
+        self.write(x, 0, &v)
     }
     /// x += y over n elements.
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize);
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;
     /// Copies row `src_row` of `src` (width `dim`) to row 0 of dst.
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer);
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> Result<()>;
     /// Copies rows `rows[i]` of `src` (width `dim`) to row i of dst (the rows whose logits a
     /// batch returns).
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer);
+    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> Result<()>;
     /// A view of rows `first_row..first_row + n_rows` of `w` (for example one expert's matrix
     /// of an expert-major 3-D tensor), named `name`, sharing `w`'s storage (no copy). Backends
     /// without views refuse.
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         let _ = (first_row, n_rows, name);
-        anyhow::bail!("the {} backend cannot make row views of \"{}\"", self.name(), w.name)
+        Err(Error::unsupported(self.name(), format!("row views (of \"{}\")", w.name)))
     }
     /// dst[rows[i]] = src[i] for each i, rows of width `dim`; `rows` holds no index twice.
     /// The default goes through host memory.
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
+    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
         let mut host = vec![0f32; dim];
         for (i, &r) in rows.iter().enumerate() {
-            self.read(src, i * dim, &mut host);
-            self.write(dst, r as usize * dim, &host);
+            self.read(src, i * dim, &mut host)?;
+            self.write(dst, r as usize * dim, &host)?;
         }
+        Ok(())
     }
     /// out[t] = sum over s < k of weights[t * k + s] * src[t * k + s] for t < n, rows of width
     /// `dim`: each product is rounded to f32, then the products are added in slot order
     /// starting from slot 0's (llama.cpp: ggml_mul by the weights, then one ggml_add per slot).
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
+    fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
         let mut s = vec![0f32; n * k * dim];
-        self.read(src, 0, &mut s);
+        self.read(src, 0, &mut s)?;
         let mut o = vec![0f32; n * dim];
         weighted_sum_rows_host(&s, weights, n, k, dim, &mut o);
-        self.write(out, 0, &o);
+        self.write(out, 0, &o)
     }
     /// x[r] *= scales[r] for each row r of width `dim`.
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
+    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> Result<()> {
         let mut host = vec![0f32; scales.len() * dim];
-        self.read(x, 0, &mut host);
+        self.read(x, 0, &mut host)?;
         scale_rows_host(&mut host, scales, dim);
-        self.write(x, 0, &host);
+        self.write(x, 0, &host)
     }
     /// Waits for queued work (no-op on CPU).
-    fn synchronize(&self) {}
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
     /// Runs a whole forward pass. The CPU backend runs it on one of its own worker threads, so
     /// that each op's parallel split is a cheap join inside the pool instead of a hand-off
     /// from (and a wake-up of) the calling thread; other backends just call it.
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         pass()
-    }
-    /// The first error of an op since the last call. GPU ops are queued and cannot return
-    /// one; the forward pass checks this once per step.
-    fn take_error(&self) -> Option<anyhow::Error> {
-        None
     }
     /// What a benchmark fingerprint records about this backend.
     fn fingerprint(&self) -> serde_json::Value {
@@ -462,17 +512,57 @@ pub fn compiled_backends() -> Vec<&'static str> {
     v
 }
 
+/// A backend chosen at run time (by name, in the config or on the command line). Code that
+/// runs a model is generic over [`Backend`]: the caller matches this once, with
+/// [`with_backend!`](crate::with_backend), and each arm runs the monomorphised code of its
+/// backend.
+#[derive(Clone)]
+pub enum LoadedBackend {
+    Cpu(Arc<cpu::CpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<gpu::GpuBackend<gpu::cuda::CudaApi>>),
+    #[cfg(feature = "hip")]
+    Hip(Arc<gpu::GpuBackend<gpu::hip::HipApi>>),
+}
+
+/// Runs `$body` with `$be` bound to the `Arc` of the backend a [`LoadedBackend`] holds, for
+/// whichever backend it is (one match arm per backend compiled in, each monomorphised).
+#[macro_export]
+macro_rules! with_backend {
+    ($loaded:expr, $be:ident => $body:expr) => {
+        match $loaded {
+            $crate::backend::LoadedBackend::Cpu($be) => $body,
+            #[cfg(feature = "cuda")]
+            $crate::backend::LoadedBackend::Cuda($be) => $body,
+            #[cfg(feature = "hip")]
+            $crate::backend::LoadedBackend::Hip($be) => $body,
+        }
+    };
+}
+
+impl LoadedBackend {
+    /// "cpu", "hip", "cuda".
+    pub fn name(&self) -> &'static str {
+        with_backend!(self, b => b.name())
+    }
+}
+
+/// The CPU backend on `threads` threads (0: one per physical core).
+pub fn create_cpu(threads: usize) -> anyhow::Result<Arc<cpu::CpuBackend>> {
+    Ok(Arc::new(cpu::CpuBackend::new(threads)?))
+}
+
 /// Creates the CPU backend, or a GPU backend with default options (see [`create_with`]).
-pub fn create(name: &str, threads: usize) -> anyhow::Result<Arc<dyn Backend>> {
+pub fn create(name: &str, threads: usize) -> anyhow::Result<LoadedBackend> {
     create_with(name, threads, &gpu::GpuOptions::default())
 }
 
 /// Creates the backend named in the config: "cpu", "hip", "cuda", or "auto" (the first GPU
 /// backend that finds a device, else the CPU one, saying so in the log). A GPU backend asked
 /// for by name never falls back: without its device it is an error.
-pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<Arc<dyn Backend>> {
+pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<LoadedBackend> {
     match name {
-        "cpu" => Ok(Arc::new(cpu::CpuBackend::new(threads)?)),
+        "cpu" => Ok(LoadedBackend::Cpu(create_cpu(threads)?)),
         "auto" => {
             for gpu_name in compiled_backends().into_iter().filter(|b| *b != "cpu") {
                 match create_gpu(gpu_name, gpu_opts) {
@@ -481,7 +571,7 @@ pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> an
                 }
             }
             tracing::info!("backend auto: using the CPU backend");
-            Ok(Arc::new(cpu::CpuBackend::new(threads)?))
+            Ok(LoadedBackend::Cpu(create_cpu(threads)?))
         }
         "hip" | "cuda" => create_gpu(name, gpu_opts),
         other => anyhow::bail!("unknown backend \"{other}\" (expected cpu, hip, cuda or auto)"),
@@ -489,17 +579,17 @@ pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> an
 }
 
 #[allow(unused_variables)]
-fn create_gpu(name: &str, opts: &gpu::GpuOptions) -> anyhow::Result<Arc<dyn Backend>> {
+fn create_gpu(name: &str, opts: &gpu::GpuOptions) -> anyhow::Result<LoadedBackend> {
     match name {
         #[cfg(feature = "cuda")]
         "cuda" => {
             if !opts.weights.is_empty() && opts.weights != "device" {
                 anyhow::bail!("cuda backend: engine.gpu.weights = \"{}\" is not supported (only \"device\")", opts.weights);
             }
-            Ok(Arc::new(gpu::GpuBackend::new(gpu::cuda::CudaApi::new(opts.device)?, opts)?))
+            Ok(LoadedBackend::Cuda(Arc::new(gpu::GpuBackend::new(gpu::cuda::CudaApi::new(opts.device)?, opts)?)))
         }
         #[cfg(feature = "hip")]
-        "hip" => Ok(Arc::new(gpu::GpuBackend::new(gpu::hip::HipApi::new(opts.device, &opts.weights)?, opts)?)),
+        "hip" => Ok(LoadedBackend::Hip(Arc::new(gpu::GpuBackend::new(gpu::hip::HipApi::new(opts.device, &opts.weights)?, opts)?))),
         _ => anyhow::bail!(
             "backend \"{name}\" is not available in this build (compiled: {}); rebuild with `cargo build --release --features {name}`",
             compiled_backends().join(", ")

@@ -59,7 +59,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
     let ids = filler_tokens(&engine, need_ctx);
     let placement = crate::backend::cpu::topology::CpuPlacement::detect();
     let threads = placement.threads(plan.threads);
-    if engine.model().backend().name() == "cpu" {
+    if engine.backend_name() == "cpu" {
         eprintln!("civetta bench: cpu backend, {}", placement.describe(threads));
     }
 
@@ -134,7 +134,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         civetta_version: crate::build_info::VERSION.into(),
         git_sha: crate::build_info::GIT_SHA.into(),
         started_at,
-        fingerprint: with_backend(super::cli::local_fingerprint(&info.backend), engine.model().backend().fingerprint()),
+        fingerprint: with_backend(super::cli::local_fingerprint(&info.backend), engine.backend_fingerprint().clone()),
         model: ModelIdentity {
             path: info.path.display().to_string(),
             file_sha256: info.file_sha256.clone(),

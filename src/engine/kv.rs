@@ -23,6 +23,7 @@
 //! off for such pools: a cached prefix would need its last window of local-layer KV, which
 //! the ring has overwritten, and recomputing it means recomputing the whole prefix.
 
+use crate::backend::Backend;
 use crate::model::{KvCache, KvPool};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -49,13 +50,13 @@ pub struct BlockCounts {
 
 /// The blocks a new sequence got: its cache, and how many prompt tokens came from the
 /// prefix cache.
-pub struct Allocation {
-    pub cache: KvCache,
+pub struct Allocation<B: Backend> {
+    pub cache: KvCache<B>,
     pub cached_tokens: usize,
 }
 
-pub struct BlockManager {
-    pool: KvPool,
+pub struct BlockManager<B: Backend> {
+    pool: KvPool<B>,
     refs: Vec<u32>,
     keys: Vec<Option<BlockKey>>,
     free: Vec<u32>,
@@ -82,8 +83,8 @@ fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
 /// The key the empty prefix has (the parent of a prompt's first block).
 const ROOT: u64 = 0x6369_7665_7474_6121;
 
-impl BlockManager {
-    pub fn new(pool: KvPool) -> BlockManager {
+impl<B: Backend> BlockManager<B> {
+    pub fn new(pool: KvPool<B>) -> BlockManager<B> {
         let n = pool.n_blocks;
         let rings = if pool.ring_blocks > 0 { pool.rings as u32 } else { 0 };
         BlockManager {
@@ -100,7 +101,7 @@ impl BlockManager {
         }
     }
 
-    pub fn pool_mut(&mut self) -> &mut KvPool {
+    pub fn pool_mut(&mut self) -> &mut KvPool<B> {
         &mut self.pool
     }
 
@@ -163,7 +164,7 @@ impl BlockManager {
     /// prefix's blocks plus fresh ones (evicting cached blocks, oldest first, when none are
     /// free). None when the pool cannot give them while keeping `headroom` blocks available
     /// for the running sequences to grow into (the request waits).
-    pub fn allocate(&mut self, tokens: &[u32], positions: usize, headroom: usize) -> Option<Allocation> {
+    pub fn allocate(&mut self, tokens: &[u32], positions: usize, headroom: usize) -> Option<Allocation<B>> {
         let hits = self.lookup(tokens);
         let need = self.blocks_for(positions).saturating_sub(hits.len());
         // Hit blocks that sit unreferenced in the LRU are not available to this request's
@@ -191,7 +192,7 @@ impl BlockManager {
 
     /// Appends one fresh block to a sequence's paged cache (a decoding sequence whose last
     /// block is full). False when no block is free or evictable: the scheduler then preempts.
-    pub fn grow(&mut self, cache: &mut KvCache) -> bool {
+    pub fn grow(&mut self, cache: &mut KvCache<B>) -> bool {
         let Some(b) = self.take_block() else { return false };
         self.refs[b as usize] = 1;
         cache.push_block(b);
@@ -237,7 +238,7 @@ impl BlockManager {
     }
 
     /// Gives back everything a paged cache holds: its blocks (as `release`) and its ring.
-    pub fn release_cache(&mut self, cache: &mut KvCache) {
+    pub fn release_cache(&mut self, cache: &mut KvCache<B>) {
         self.release(cache.take_blocks());
         if let Some(r) = cache.take_ring() {
             self.free_rings.push(r);
@@ -268,8 +269,9 @@ impl BlockManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::CpuBackend;
 
-    fn manager(n_blocks: usize) -> BlockManager {
+    fn manager(n_blocks: usize) -> BlockManager<CpuBackend> {
         BlockManager::new(KvPool::for_tests(n_blocks, 4))
     }
 
@@ -332,7 +334,7 @@ mod tests {
 
     #[test]
     fn a_windowed_pool_gives_each_sequence_a_ring_and_caches_no_prefix() {
-        let mut m = BlockManager::new(KvPool::for_tests_windowed(8, 4, 2, 3));
+        let mut m = BlockManager::<CpuBackend>::new(KvPool::for_tests_windowed(8, 4, 2, 3));
         let prompt: Vec<u32> = (0..8).collect();
         let mut a = m.allocate(&prompt, 8, 0).unwrap().cache;
         m.register(a.blocks(), &prompt);

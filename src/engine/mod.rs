@@ -22,9 +22,9 @@ mod validate;
 pub use types::*;
 pub use validate::{InvalidRequest, ValidRequest};
 
-use crate::backend;
+use crate::backend::{self, Backend};
 use crate::gguf::GgufFile;
-use crate::model::{Model, Workspace, WorkspaceShape};
+use crate::model::{moe::ExpertLoad, Model, Workspace, WorkspaceShape};
 use crate::tokenizer::Tokenizer;
 use anyhow::Context;
 use parking_lot::{Condvar, Mutex};
@@ -43,7 +43,12 @@ pub struct Engine {
 struct Inner {
     info: ModelInfo,
     tokenizer: Tokenizer,
-    model: Arc<Model>,
+    /// The model's backend, for stats and benchmark fingerprints (the model itself, generic
+    /// over its backend, belongs to the engine thread).
+    backend_name: &'static str,
+    backend_fingerprint: serde_json::Value,
+    /// Expert selection counts of an MoE model (shared with the model).
+    expert_load: Option<Arc<ExpertLoad>>,
     cfg: EngineConfig,
     /// Effective context length (the model's, capped by the config).
     ctx_len: usize,
@@ -113,14 +118,17 @@ impl GenerationStream {
 }
 
 impl Engine {
+    /// Loads the model on the backend `cfg.backend` names: the one place the backend is
+    /// chosen at run time; from here on the model and the engine thread are monomorphised
+    /// for it.
     pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
         let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
-        Engine::load_on(cfg, be)
+        crate::with_backend!(be, be => Engine::load_on(cfg, be))
     }
 
     /// [`Engine::load`] on a backend made by the caller (`cfg.backend`, `threads` and `gpu`
     /// are not used): tests wrap a backend to watch what the engine asks of it.
-    pub fn load_on(mut cfg: EngineConfig, be: Arc<dyn backend::Backend>) -> anyhow::Result<Engine> {
+    pub fn load_on<B: Backend>(mut cfg: EngineConfig, be: Arc<B>) -> anyhow::Result<Engine> {
         let file = Arc::new(GgufFile::open(&cfg.model_path)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
@@ -131,7 +139,7 @@ impl Engine {
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
         let ws_shape = step_workspace_shape(&cfg);
-        let ws_bytes = Workspace::bytes_for(hp, ws_shape);
+        let ws_bytes = Workspace::<B>::bytes_for(hp, ws_shape);
         let kv_pool = if model.backend().paged_kv() {
             let (bs, max_active) = (kv::KV_BLOCK_TOKENS, cfg.max_active_sequences.max(1));
             // Sliding-window layers keep one ring of a window + a prefill chunk per active
@@ -181,7 +189,9 @@ impl Engine {
         let inner = Arc::new(Inner {
             info,
             tokenizer,
-            model,
+            backend_name: model.backend().name(),
+            backend_fingerprint: model.backend().fingerprint(),
+            expert_load: model.expert_load().cloned(),
             cfg,
             ctx_len,
             kv_total_blocks,
@@ -193,7 +203,7 @@ impl Engine {
         let worker_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("civetta-engine".into())
-            .spawn(move || scheduler::run_worker(&worker_inner, kv_pool.map(kv::BlockManager::new), workspace))
+            .spawn(move || scheduler::run_worker(&worker_inner, &model, kv_pool.map(kv::BlockManager::new), workspace))
             .context("spawning the engine thread")?;
         *inner.worker.lock() = Some(handle);
         Ok(Engine { inner })
@@ -207,8 +217,19 @@ impl Engine {
         &self.inner.tokenizer
     }
 
-    pub fn model(&self) -> &Arc<Model> {
-        &self.inner.model
+    /// "cpu", "hip", "cuda".
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend_name
+    }
+
+    /// What a benchmark fingerprint records about the backend (`Backend::fingerprint`).
+    pub fn backend_fingerprint(&self) -> &serde_json::Value {
+        &self.inner.backend_fingerprint
+    }
+
+    /// How often each expert was selected so far (MoE models).
+    pub fn expert_load(&self) -> Option<&Arc<ExpertLoad>> {
+        self.inner.expert_load.as_ref()
     }
 
     pub fn context_length(&self) -> usize {
@@ -322,7 +343,7 @@ fn check_memory(need: u128, what: impl Fn() -> String) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_kv_memory(model: &Model, ctx_len: usize, max_active: usize, workspace_bytes: usize) -> anyhow::Result<()> {
+fn check_kv_memory<B: Backend>(model: &Model<B>, ctx_len: usize, max_active: usize, workspace_bytes: usize) -> anyhow::Result<()> {
     let need = model.cache_bytes(ctx_len) as u128 * max_active.max(1) as u128 + workspace_bytes as u128;
     if let Some(avail) = mem_available_bytes() {
         if need > avail as u128 {
@@ -345,7 +366,7 @@ fn mem_available_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn model_info(file: &GgufFile, model: &Model, tk: &Tokenizer, ctx_len: usize) -> ModelInfo {
+fn model_info<B: Backend>(file: &GgufFile, model: &Model<B>, tk: &Tokenizer, ctx_len: usize) -> ModelInfo {
     let hp = &model.hp;
     let mut types = std::collections::BTreeMap::<String, usize>::new();
     for t in &file.tensors {

@@ -16,7 +16,8 @@ use super::sequence::{Seq, StepOutcome};
 use super::step_cost::{StepCost, StepShape};
 use super::types::*;
 use super::{Counters, Inner, Job};
-use crate::model::{Logits, SeqRows, Workspace};
+use crate::backend::Backend;
+use crate::model::{Logits, Model, SeqRows, Workspace};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -150,7 +151,7 @@ pub(super) fn plan_step(seqs: &[SeqState], limits: &StepLimits, cost: &StepCost)
 }
 
 /// Publishes the paged pool's block counts (and the bytes in use) for `Engine::stats`.
-fn publish_kv(c: &Counters, kv: &Option<BlockManager>) {
+fn publish_kv<B: Backend>(c: &Counters, kv: &Option<BlockManager<B>>) {
     if let Some(kv) = kv {
         let n = kv.counts();
         c.kv_blocks_used.store(n.used, Ordering::Relaxed);
@@ -160,33 +161,42 @@ fn publish_kv(c: &Counters, kv: &Option<BlockManager>) {
 }
 
 /// The engine thread's state between steps.
-struct Worker<'a> {
+struct Worker<'a, B: Backend> {
     inner: &'a Inner,
-    kv: Option<BlockManager>,
+    model: &'a Model<B>,
+    kv: Option<BlockManager<B>>,
     /// Running sequences, oldest (smallest `arrival`) first.
-    active: Vec<Seq>,
+    active: Vec<Seq<B>>,
     /// Preempted sequences waiting to resume, oldest first; they go before every queued
     /// request (the front of the queue).
-    preempted: VecDeque<Seq>,
+    preempted: VecDeque<Seq<B>>,
     next_arrival: u64,
     /// Learned step cost, for cutting long prefills while sequences decode.
     cost: StepCost,
     /// The forward pass's activation buffers, sized for the largest step (allocated once).
-    workspace: Workspace,
+    workspace: Workspace<B>,
 }
 
 /// What admission took for this step: a queued request with its blocks, or a preempted
 /// sequence with its new blocks.
-enum Admitted {
-    New(Job, Option<Allocation>),
-    Resume(Box<Seq>, Allocation),
+enum Admitted<B: Backend> {
+    New(Job, Option<Allocation<B>>),
+    Resume(Box<Seq<B>>, Allocation<B>),
 }
 
-pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>, workspace: Workspace) {
-    let hp = &inner.model.hp;
+pub(super) fn run_worker<B: Backend>(inner: &Inner, model: &Model<B>, kv: Option<BlockManager<B>>, workspace: Workspace<B>) {
+    let hp = &model.hp;
     let kv_per_row = StepCost::kv_per_row_of_shape(inner.info.parameter_count, hp.n_layer, hp.n_head, hp.head_dim);
-    let mut w =
-        Worker { inner, kv, active: Vec::new(), preempted: VecDeque::new(), next_arrival: 0, cost: StepCost::new(kv_per_row), workspace };
+    let mut w = Worker {
+        inner,
+        model,
+        kv,
+        active: Vec::new(),
+        preempted: VecDeque::new(),
+        next_arrival: 0,
+        cost: StepCost::new(kv_per_row),
+        workspace,
+    };
     let c = &inner.counters;
     loop {
         let admitted = {
@@ -218,13 +228,13 @@ pub(super) fn run_worker(inner: &Inner, kv: Option<BlockManager>, workspace: Wor
         }
         w.make_room();
         if !w.active.is_empty() {
-            step(inner, &mut w.active, &mut w.kv, &mut w.cost, &mut w.workspace);
+            step(inner, model, &mut w.active, &mut w.kv, &mut w.cost, &mut w.workspace);
         }
         publish_kv(c, &w.kv);
     }
 }
 
-impl Worker<'_> {
+impl<B: Backend> Worker<'_, B> {
     /// Every waiting and running request ends with an error event.
     fn shut_down(&mut self, queue: &mut VecDeque<Job>) {
         let c = &self.inner.counters;
@@ -263,7 +273,7 @@ impl Worker<'_> {
     /// it prefills (its prompt, or its whole history on resume) while leaving one block per
     /// running sequence for it to grow into; the first that cannot get them waits, and
     /// everything behind it too (no overtaking, so a long prompt is not starved).
-    fn admit(&mut self, queue: &mut VecDeque<Job>) -> Vec<Admitted> {
+    fn admit(&mut self, queue: &mut VecDeque<Job>) -> Vec<Admitted<B>> {
         let (inner, c) = (self.inner, &self.inner.counters);
         let slots = inner.cfg.max_active_sequences.max(1);
         let mut admitted = Vec::new();
@@ -296,10 +306,10 @@ impl Worker<'_> {
     }
 
     /// Puts an admitted request or resumed sequence into the active set (kept oldest first).
-    fn activate(&mut self, a: Admitted) {
+    fn activate(&mut self, a: Admitted<B>) {
         let c = &self.inner.counters;
         match a {
-            Admitted::New(job, blocks) => match Seq::activate(self.inner, job, blocks, self.next_arrival) {
+            Admitted::New(job, blocks) => match Seq::activate(self.inner, self.model, job, blocks, self.next_arrival) {
                 Ok(seq) => {
                     self.next_arrival += 1;
                     c.active.fetch_add(1, Ordering::SeqCst);
@@ -368,7 +378,14 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 
 /// One engine step: plan the batch, one forward pass, sample for every sequence whose rows
 /// end in a token to predict; finished sequences leave `active` (order kept: oldest first).
-fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cost: &mut StepCost, ws: &mut Workspace) {
+fn step<B: Backend>(
+    inner: &Inner,
+    model: &Model<B>,
+    active: &mut Vec<Seq<B>>,
+    kv: &mut Option<BlockManager<B>>,
+    cost: &mut StepCost,
+    ws: &mut Workspace<B>,
+) {
     let c = &inner.counters;
     let states: Vec<SeqState> = active.iter().map(Seq::plan_state).collect();
     let plan = plan_step(&states, &StepLimits::of(&inner.cfg), cost);
@@ -394,7 +411,7 @@ fn step(inner: &Inner, active: &mut Vec<Seq>, kv: &mut Option<BlockManager>, cos
             };
             batch.push(SeqRows { cache: &mut s.cache, tokens, logits });
         }
-        inner.model.forward_batch_with(kv.as_mut().map(BlockManager::pool_mut), ws, &mut batch)
+        model.forward_batch_with(kv.as_mut().map(BlockManager::pool_mut), ws, &mut batch)
     };
     let elapsed = t0.elapsed();
     if result.is_ok() {

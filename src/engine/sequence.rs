@@ -11,15 +11,16 @@ use super::kv::{Allocation, BlockManager};
 use super::sampler::Sampler;
 use super::types::*;
 use super::{Counters, Inner, Job};
-use crate::model::KvCache;
+use crate::backend::Backend;
+use crate::model::{KvCache, Model};
 use crate::tokenizer::StreamDecoder;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// One sequence, running (in the active set) or preempted (waiting to resume).
-pub(super) struct Seq {
+pub(super) struct Seq<B: Backend> {
     pub(super) job: Job,
-    pub(super) cache: KvCache,
+    pub(super) cache: KvCache<B>,
     /// Activation order: the largest is the youngest, the first to be preempted.
     pub(super) arrival: u64,
     /// Tokens of `history` already prefilled (its KV stored).
@@ -53,7 +54,7 @@ pub(super) enum StepOutcome {
     Finished,
 }
 
-impl Seq {
+impl<B: Backend> Seq<B> {
     /// Positions the whole request needs (prompt + max_tokens, capped by the context).
     pub(super) fn positions_needed(inner: &Inner, job: &Job) -> usize {
         (job.req.prompt().len() + job.req.params().max_tokens).min(inner.ctx_len)
@@ -63,11 +64,17 @@ impl Seq {
     /// cached prefix), or, without a paged pool, on a contiguous KV cache allocated for the
     /// whole request. The job comes back on failure so its stream can receive the error.
     #[allow(clippy::result_large_err)]
-    pub(super) fn activate(inner: &Inner, job: Job, blocks: Option<Allocation>, arrival: u64) -> Result<Seq, (Job, anyhow::Error)> {
+    pub(super) fn activate(
+        inner: &Inner,
+        model: &Model<B>,
+        job: Job,
+        blocks: Option<Allocation<B>>,
+        arrival: u64,
+    ) -> Result<Seq<B>, (Job, anyhow::Error)> {
         let (cache, cached_tokens, position_limit) = match blocks {
             // Paged: the table grows block by block up to the context.
             Some(a) => (a.cache, a.cached_tokens, inner.ctx_len),
-            None => match inner.model.new_cache(Seq::positions_needed(inner, &job)) {
+            None => match model.new_cache(Self::positions_needed(inner, &job)) {
                 Ok(c) => {
                     let limit = c.capacity.min(inner.ctx_len);
                     (c, 0, limit)
@@ -117,7 +124,7 @@ impl Seq {
     /// Gives the KV blocks back (full blocks keyed for the prefix cache first, so the resume
     /// may find them) and rewinds to prefill the whole history when it resumes. The sequence
     /// keeps its admission slot; it moves from the active set to the waiting ones.
-    pub(super) fn preempt(&mut self, c: &Counters, kv: &mut BlockManager) {
+    pub(super) fn preempt(&mut self, c: &Counters, kv: &mut BlockManager<B>) {
         kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
         kv.release_cache(&mut self.cache);
         self.prefill_pos = 0;
@@ -135,7 +142,7 @@ impl Seq {
     }
 
     /// Continues a preempted sequence on the blocks it was given (from its cached prefix on).
-    pub(super) fn resume(&mut self, c: &Counters, a: Allocation) {
+    pub(super) fn resume(&mut self, c: &Counters, a: Allocation<B>) {
         self.cache = a.cache;
         self.prefill_pos = a.cached_tokens;
         self.prefill_target = self.history.len();
@@ -234,7 +241,7 @@ impl Seq {
 
     /// Gives back everything the sequence holds (active slot, admission, KV). Paged blocks
     /// go back to the pool, their full blocks keyed for the prefix cache first.
-    pub(super) fn release(&mut self, c: &Counters, kv: Option<&mut BlockManager>) {
+    pub(super) fn release(&mut self, c: &Counters, kv: Option<&mut BlockManager<B>>) {
         c.active.fetch_sub(1, Ordering::SeqCst);
         self.release_admission(c);
         c.kv_bytes.fetch_sub(self.cache.bytes, Ordering::SeqCst);
@@ -247,7 +254,7 @@ impl Seq {
 
     /// Keys the prefilled full blocks for the prefix cache once the prefill is done, so that
     /// requests arriving while this one decodes can share them.
-    pub(super) fn register_prefill(&self, kv: &mut BlockManager) {
+    pub(super) fn register_prefill(&self, kv: &mut BlockManager<B>) {
         kv.register(self.cache.blocks(), &self.history[..self.cache.len]);
     }
 

@@ -19,56 +19,56 @@ mod workspace;
 pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, RopeScalingKind, RopeScalingParams, SlidingWindow, SUPPORTED_ARCHS};
 pub use workspace::{MoeWorkspace, Workspace, WorkspaceShape};
 
-use crate::backend::{AttentionShape, Backend, Buffer, KvBlocks, SeqAttention, Weight};
+use crate::backend::{AttentionShape, Backend, KvBlocks, SeqAttention, Weight, WeightOf};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 use std::sync::Arc;
 
-pub struct Attention {
-    pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
-    pub wo: Weight,
-    pub bq: Option<Weight>,
-    pub bk: Option<Weight>,
-    pub bv: Option<Weight>,
-    pub q_norm: Option<Weight>,
-    pub k_norm: Option<Weight>,
+pub struct Attention<B: Backend> {
+    pub wq: WeightOf<B>,
+    pub wk: WeightOf<B>,
+    pub wv: WeightOf<B>,
+    pub wo: WeightOf<B>,
+    pub bq: Option<WeightOf<B>>,
+    pub bk: Option<WeightOf<B>>,
+    pub bv: Option<WeightOf<B>>,
+    pub q_norm: Option<WeightOf<B>>,
+    pub k_norm: Option<WeightOf<B>>,
     /// `attn_output.bias` (gpt-oss).
-    pub bo: Option<Weight>,
+    pub bo: Option<WeightOf<B>>,
     /// `attn_sinks` (gpt-oss): one logit per query head, on the host.
     pub sinks: Option<Vec<f32>>,
 }
 
-pub enum Ffn {
+pub enum Ffn<B: Backend> {
     /// SwiGLU: down(silu(gate x) * up x).
-    Dense { gate: Weight, up: Weight, down: Weight },
+    Dense { gate: WeightOf<B>, up: WeightOf<B>, down: WeightOf<B> },
     /// Mixture of experts (qwen3moe, qwen2moe): see `moe`.
-    Moe(Box<moe::MoeWeights>),
+    Moe(Box<moe::MoeWeights<B>>),
     /// GeGLU (Gemma): down(gelu_tanh(gate x) * up x).
-    GeGlu { gate: Weight, up: Weight, down: Weight },
+    GeGlu { gate: WeightOf<B>, up: WeightOf<B>, down: WeightOf<B> },
 }
 
-pub struct Layer {
-    pub attn_norm: Weight,
-    pub attn: Attention,
-    pub ffn_norm: Weight,
-    pub ffn: Ffn,
+pub struct Layer<B: Backend> {
+    pub attn_norm: WeightOf<B>,
+    pub attn: Attention<B>,
+    pub ffn_norm: WeightOf<B>,
+    pub ffn: Ffn<B>,
     /// Gemma 3's RMSNorms of the attention output and of the FFN output, before each residual
     /// add (`post_attention_norm`, `post_ffw_norm`); None on the other archs.
-    pub post_attn_norm: Option<Weight>,
-    pub post_ffn_norm: Option<Weight>,
+    pub post_attn_norm: Option<WeightOf<B>>,
+    pub post_ffn_norm: Option<WeightOf<B>>,
 }
 
-pub struct Model {
+pub struct Model<B: Backend> {
     pub hp: HParams,
     pub file: Arc<GgufFile>,
-    backend: Arc<dyn Backend>,
-    token_embd: Weight,
-    layers: Vec<Layer>,
-    output_norm: Weight,
+    backend: Arc<B>,
+    token_embd: WeightOf<B>,
+    layers: Vec<Layer<B>>,
+    output_norm: WeightOf<B>,
     /// The output projection; None when tied to token_embd.
-    output: Option<Weight>,
+    output: Option<WeightOf<B>>,
     /// Expert selection counts of a mixture-of-experts model (None for dense ones).
     expert_load: Option<Arc<moe::ExpertLoad>>,
 }
@@ -76,18 +76,21 @@ pub struct Model {
 /// One sequence's KV cache: `len` positions stored out of `capacity`. Either its own K and
 /// V buffer per layer (`Model::new_cache`), or a table of blocks of a shared [`KvPool`]
 /// (`KvCache::paged`; the engine's block manager, src/engine/kv.rs, owns the blocks).
-pub struct KvCache {
-    storage: KvStorage,
+pub struct KvCache<B: Backend> {
+    storage: KvStorage<B>,
     pub len: usize,
     pub capacity: usize,
     /// Bytes this cache owns (0 for a paged one: the pool is accounted as a whole).
     pub bytes: usize,
 }
 
-enum KvStorage {
+/// One K or V buffer per layer.
+type KvLayers<B> = Vec<<B as Backend>::KvBuffer>;
+
+enum KvStorage<B: Backend> {
     Own {
-        k: Vec<Buffer>,
-        v: Vec<Buffer>,
+        k: Vec<B::KvBuffer>,
+        v: Vec<B::KvBuffer>,
     },
     /// `blocks` hold every position for the full-attention layers; with a windowed pool
     /// (`KvPool::ring_blocks` > 0) the sliding-window layers keep only the positions their
@@ -99,17 +102,17 @@ enum KvStorage {
     },
 }
 
-impl KvCache {
+impl<B: Backend> KvCache<B> {
     /// A cache made of pool blocks, whose first `len` positions are already stored (a
     /// prefix-cache hit); capacity is the blocks' positions.
-    pub fn paged(blocks: Vec<u32>, block_size: usize, len: usize) -> KvCache {
+    pub fn paged(blocks: Vec<u32>, block_size: usize, len: usize) -> KvCache<B> {
         let capacity = blocks.len() * block_size;
         assert!(len <= capacity, "a paged cache of {capacity} positions cannot hold {len}");
         KvCache { storage: KvStorage::Paged { blocks, block_size, ring: None }, len, capacity, bytes: 0 }
     }
 
     /// The same cache whose sliding-window layers use ring `ring` of a windowed pool.
-    pub fn with_ring(mut self, ring: u32) -> KvCache {
+    pub fn with_ring(mut self, ring: u32) -> KvCache<B> {
         if let KvStorage::Paged { ring: r, .. } = &mut self.storage {
             *r = Some(ring);
         }
@@ -159,9 +162,9 @@ impl KvCache {
 /// Logical block b of a sequence's local layers is block `ring * ring_blocks + b %
 /// ring_blocks`: a position overwrites the one `ring_blocks` blocks before it, which no query
 /// can see any more (`ring_blocks` covers a window plus the largest chunk, checked per pass).
-pub struct KvPool {
-    k: Vec<Buffer>,
-    v: Vec<Buffer>,
+pub struct KvPool<B: Backend> {
+    k: Vec<B::KvBuffer>,
+    v: Vec<B::KvBuffer>,
     pub block_size: usize,
     pub n_blocks: usize,
     /// Blocks per local ring (0: not windowed, every layer keeps every position).
@@ -174,24 +177,24 @@ pub struct KvPool {
     pub bytes: usize,
 }
 
-impl KvPool {
+impl<B: Backend> KvPool<B> {
     /// A pool without storage, for tests of the block bookkeeping.
     #[cfg(test)]
-    pub(crate) fn for_tests(n_blocks: usize, block_size: usize) -> KvPool {
+    pub(crate) fn for_tests(n_blocks: usize, block_size: usize) -> KvPool<B> {
         KvPool { k: Vec::new(), v: Vec::new(), block_size, n_blocks, ring_blocks: 0, rings: 0, block_bytes: 0, ring_bytes: 0, bytes: 0 }
     }
 
     /// A windowed pool without storage, for tests of the block bookkeeping.
     #[cfg(test)]
-    pub(crate) fn for_tests_windowed(n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> KvPool {
+    pub(crate) fn for_tests_windowed(n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> KvPool<B> {
         KvPool { ring_blocks, rings, ..KvPool::for_tests(n_blocks, block_size) }
     }
 }
 
 /// One sequence's part of a batched forward pass: its cache, the tokens it appends at
 /// positions cache.len.., and which of their logits it wants.
-pub struct SeqRows<'a> {
-    pub cache: &'a mut KvCache,
+pub struct SeqRows<'a, B: Backend> {
+    pub cache: &'a mut KvCache<B>,
     pub tokens: &'a [u32],
     pub logits: Logits,
 }
@@ -207,12 +210,12 @@ pub enum Logits {
     None,
 }
 
-impl Model {
-    pub fn load(file: Arc<GgufFile>, backend: Arc<dyn Backend>) -> anyhow::Result<Model> {
+impl<B: Backend> Model<B> {
+    pub fn load(file: Arc<GgufFile>, backend: Arc<B>) -> anyhow::Result<Model<B>> {
         let hp = HParams::from_gguf(&file)?;
         backend.check_model(&hp)?;
         let w = |name: &str| backend.load_weight(&file, name);
-        let opt = |name: &str| -> anyhow::Result<Option<Weight>> {
+        let opt = |name: &str| -> anyhow::Result<Option<WeightOf<B>>> {
             if file.tensor(name).is_some() {
                 Ok(Some(backend.load_weight(&file, name)?))
             } else {
@@ -291,25 +294,25 @@ impl Model {
         self.expert_load.as_ref()
     }
 
-    pub fn backend(&self) -> &Arc<dyn Backend> {
+    pub fn backend(&self) -> &Arc<B> {
         &self.backend
     }
 
     /// Allocates a KV cache for `capacity` positions (element type chosen by the backend).
-    pub fn new_cache(&self, capacity: usize) -> anyhow::Result<KvCache> {
+    pub fn new_cache(&self, capacity: usize) -> anyhow::Result<KvCache<B>> {
         let (k, v) = self.alloc_kv_layers(capacity)?;
         Ok(KvCache { storage: KvStorage::Own { k, v }, len: 0, capacity, bytes: self.cache_bytes(capacity) })
     }
 
     /// Allocates a KV pool of `n_blocks` blocks of `block_size` positions (a power of two),
     /// for backends with `paged_kv()`.
-    pub fn new_kv_pool(&self, n_blocks: usize, block_size: usize) -> anyhow::Result<KvPool> {
+    pub fn new_kv_pool(&self, n_blocks: usize, block_size: usize) -> anyhow::Result<KvPool<B>> {
         self.new_windowed_kv_pool(n_blocks, block_size, 0, 0)
     }
 
     /// A KV pool whose sliding-window layers keep `rings` rings of `ring_blocks` blocks (see
     /// [`KvPool`]; `ring_blocks` = 0: an ordinary pool) and whose other layers keep `n_blocks`.
-    pub fn new_windowed_kv_pool(&self, n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> anyhow::Result<KvPool> {
+    pub fn new_windowed_kv_pool(&self, n_blocks: usize, block_size: usize, rings: usize, ring_blocks: usize) -> anyhow::Result<KvPool<B>> {
         if !self.backend.paged_kv() {
             bail!("the {} backend has no paged KV cache", self.backend.name());
         }
@@ -357,7 +360,7 @@ impl Model {
         ((self.hp.n_layer - local) * per_layer_block, local * per_layer_block * ring_blocks)
     }
 
-    fn alloc_kv_layers(&self, positions: usize) -> anyhow::Result<(Vec<Buffer>, Vec<Buffer>)> {
+    fn alloc_kv_layers(&self, positions: usize) -> anyhow::Result<(KvLayers<B>, KvLayers<B>)> {
         let kv = self.hp.kv_dim() * positions;
         let mut k = Vec::with_capacity(self.hp.n_layer);
         let mut v = Vec::with_capacity(self.hp.n_layer);
@@ -376,7 +379,7 @@ impl Model {
     /// Runs `tokens` at positions cache.len.. and appends them to the cache.
     /// Returns logits (vocab floats per returned row) as asked by `which`.
     /// A batch of one: the same arithmetic as any row of [`Model::forward_batch`].
-    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
+    pub fn forward(&self, cache: &mut KvCache<B>, tokens: &[u32], which: Logits) -> anyhow::Result<Vec<f32>> {
         let mut batch = [SeqRows { cache, tokens, logits: which }];
         Ok(self.forward_batch(&mut batch)?.pop().expect("one sequence in, one logits vector out"))
     }
@@ -392,14 +395,14 @@ impl Model {
     /// Returns one logits vector per sequence, as asked by its `logits`. Capacity is checked
     /// for every sequence before anything runs; an error after that (a GPU fault) leaves the
     /// caches' lengths unchanged, their contents past `len` undefined.
-    pub fn forward_batch(&self, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    pub fn forward_batch(&self, seqs: &mut [SeqRows<'_, B>]) -> anyhow::Result<Vec<Vec<f32>>> {
         self.forward_batch_in(None, seqs)
     }
 
     /// [`Model::forward_batch`] where sequences may have paged caches in `pool` (the same
     /// arithmetic: only where K and V rows live differs). Allocates a workspace for this one
     /// pass; a caller that runs many passes keeps one and calls [`Model::forward_batch_with`].
-    pub fn forward_batch_in(&self, pool: Option<&mut KvPool>, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    pub fn forward_batch_in(&self, pool: Option<&mut KvPool<B>>, seqs: &mut [SeqRows<'_, B>]) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut ws = self.new_workspace(workspace_shape_of(seqs))?;
         self.forward_batch_with(pool, &mut ws, seqs)
     }
@@ -408,23 +411,35 @@ impl Model {
     /// [`Model::new_workspace`] for at least this pass's rows): no allocation per pass.
     pub fn forward_batch_with(
         &self,
-        mut pool: Option<&mut KvPool>,
-        ws: &mut Workspace,
-        seqs: &mut [SeqRows<'_>],
+        mut pool: Option<&mut KvPool<B>>,
+        ws: &mut Workspace<B>,
+        seqs: &mut [SeqRows<'_, B>],
     ) -> anyhow::Result<Vec<Vec<f32>>> {
         let need = workspace_shape_of(seqs);
         ws.check_fits(need.rows, need.logit_rows)?;
         let mut result = None;
         self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), ws, seqs)));
-        result.expect("the backend ran the forward pass")
+        let result = result.expect("the backend ran the forward pass");
+        if result.is_err() {
+            // A failed pass stops at its first error: work a GPU backend recorded before it
+            // runs now, while every buffer it names is alive (its own error, if any, is not
+            // the first).
+            let _ = self.backend.synchronize();
+        }
+        result
     }
 
     /// Activation buffers for passes of up to `shape` (see [`Workspace`]).
-    pub fn new_workspace(&self, shape: WorkspaceShape) -> anyhow::Result<Workspace> {
+    pub fn new_workspace(&self, shape: WorkspaceShape) -> anyhow::Result<Workspace<B>> {
         Workspace::new(&*self.backend, &self.hp, shape)
     }
 
-    fn forward_pass(&self, mut pool: Option<&mut KvPool>, ws: &mut Workspace, seqs: &mut [SeqRows<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+    fn forward_pass(
+        &self,
+        mut pool: Option<&mut KvPool<B>>,
+        ws: &mut Workspace<B>,
+        seqs: &mut [SeqRows<'_, B>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         if seqs.is_empty() {
             bail!("forward called with no sequences");
         }
@@ -477,32 +492,32 @@ impl Model {
 
         be.embed(&self.token_embd, &tokens, x)?;
         if let Some(s) = hp.embedding_scale() {
-            be.scale(x, n * d, s);
+            be.scale(x, n * d, s)?;
         }
         let mut moe_layers = 0;
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
-            be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h);
+            be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h)?;
             let a = &layer.attn;
-            be.matmul_many(&[&a.wq, &a.wk, &a.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
+            be.matmul_many(&[&a.wq, &a.wk, &a.wv], h, n, &mut [&mut *q, &mut *k, &mut *v])?;
             if let Some(b) = &a.bq {
-                be.add_bias(q, b, n);
+                be.add_bias(q, b, n)?;
             }
             if let Some(b) = &a.bk {
-                be.add_bias(k, b, n);
+                be.add_bias(k, b, n)?;
             }
             if let Some(b) = &a.bv {
-                be.add_bias(v, b, n);
+                be.add_bias(v, b, n)?;
             }
             if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps);
-                be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps);
+                be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps)?;
+                be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps)?;
             }
             let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
             match hp.layer_rope_scaling(li) {
                 None => {
-                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style);
-                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style);
+                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style)?;
+                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style)?;
                 }
                 Some(scaling) => {
                     be.rope_scaled(q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
@@ -511,7 +526,7 @@ impl Model {
             }
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
-            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att);
+            let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att)?;
             // Ragged part: each sequence stores its rows and attends over its own cache; the
             // sequences of the pool attend in one call (one parallel region on the CPU).
             let mut paged: Vec<SeqAttention<'_>> = Vec::new();
@@ -529,10 +544,10 @@ impl Model {
                 let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
                     KvStorage::Own { k: kc, v: vc } => {
-                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd);
+                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd)?;
                         match sinks {
                             Some(sinks) => be.attention_with_sinks(q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, att)?,
-                            None => be.attention(q, &kc[li], &vc[li], shape, att),
+                            None => be.attention(q, &kc[li], &vc[li], shape, att)?,
                         }
                     }
                     KvStorage::Paged { blocks, block_size, .. } => {
@@ -541,7 +556,7 @@ impl Model {
                             (Some(local), Some(_)) => KvBlocks::new(local, *block_size),
                             _ => KvBlocks::new(blocks, *block_size),
                         };
-                        be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd);
+                        be.kv_store_paged(k, v, &mut p.k[li], &mut p.v[li], row, table, start, len, kvd)?;
                         paged.push(SeqAttention { blocks: table, shape });
                     }
                 }
@@ -551,48 +566,48 @@ impl Model {
                 be.attention_paged_many(q, &p.k[li], &p.v[li], &paged, a.sinks.as_deref(), att)?;
             }
             if layer.post_attn_norm.is_some() || a.bo.is_some() {
-                be.matmul(&a.wo, att, n, h);
+                be.matmul(&a.wo, att, n, h)?;
                 if let Some(b) = &a.bo {
-                    be.add_bias(h, b, n);
+                    be.add_bias(h, b, n)?;
                 }
                 if let Some(w) = &layer.post_attn_norm {
-                    be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
+                    be.rmsnorm_inplace(h, w, n, d, hp.rms_eps)?;
                 }
-                be.add(x, h, n * d);
+                be.add(x, h, n * d)?;
             } else {
                 // x += Wo att (one kernel where the backend fuses the residual add).
-                be.matmul_add(&a.wo, att, None, n, x, h);
+                be.matmul_add(&a.wo, att, None, n, x, h)?;
             }
 
             // Feed-forward block.
-            be.rmsnorm(x, &layer.ffn_norm, n, d, hp.rms_eps, h);
+            be.rmsnorm(x, &layer.ffn_norm, n, d, hp.rms_eps, h)?;
             match &layer.ffn {
                 Ffn::Dense { gate: wg, up: wu, down: wd } if layer.post_ffn_norm.is_none() => {
                     // x += Wd (silu(gate) * up): SwiGLU and the residual add fused where the
                     // backend can.
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.matmul_add(wd, gate, Some(&*up), n, x, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.matmul_add(wd, gate, Some(&*up), n, x, h)?;
                     continue;
                 }
                 Ffn::Dense { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.silu_mul(gate, up, n * ff);
-                    be.matmul(wd, gate, n, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.silu_mul(gate, up, n * ff)?;
+                    be.matmul(wd, gate, n, h)?;
                 }
                 Ffn::Moe(m) => {
                     moe::ffn(be, m, moe.as_mut().context("an MoE layer needs the workspace's MoE buffers")?, h, n, d)?;
                     moe_layers += 1;
                 }
                 Ffn::GeGlu { gate: wg, up: wu, down: wd } => {
-                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up]);
-                    be.gelu_tanh_mul(gate, up, n * ff);
-                    be.matmul(wd, gate, n, h);
+                    be.matmul_many(&[wg, wu], h, n, &mut [&mut *gate, &mut *up])?;
+                    be.gelu_tanh_mul(gate, up, n * ff)?;
+                    be.matmul(wd, gate, n, h)?;
                 }
             }
             if let Some(w) = &layer.post_ffn_norm {
-                be.rmsnorm_inplace(h, w, n, d, hp.rms_eps);
+                be.rmsnorm_inplace(h, w, n, d, hp.rms_eps)?;
             }
-            be.add(x, h, n * d);
+            be.add(x, h, n * d)?;
         }
         // moe::ffn swaps h with its output buffer: after an odd number of swaps, swap back so
         // that each buffer keeps its role, and on a GPU its address, from pass to pass.
@@ -616,21 +631,18 @@ impl Model {
         let rows = out_rows.len();
         let mut host = vec![0f32; rows * hp.n_vocab];
         if rows == 0 {
-            be.synchronize();
+            be.synchronize()?;
         } else {
-            let last: &Buffer = if rows < n {
-                be.gather_rows(x, &out_rows, d, picked);
+            let last: &B::Buffer = if rows < n {
+                be.gather_rows(x, &out_rows, d, picked)?;
                 picked
             } else {
                 x
             };
-            be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h);
+            be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h)?;
             let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
-            be.matmul(out_w, h, rows, logits);
-            be.read(logits, 0, &mut host);
-        }
-        if let Some(e) = be.take_error() {
-            return Err(e.context("GPU forward pass"));
+            be.matmul(out_w, h, rows, logits)?;
+            be.read(logits, 0, &mut host)?;
         }
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();
@@ -646,21 +658,29 @@ impl Model {
     }
 }
 
-impl Model {
+impl<B: Backend> Model<B> {
     /// `Backend::decode_attention_batch` for layer `li` when every sequence brings one row and
     /// keeps its own contiguous cache (the GPU backends' decode batches) and the layer has no
     /// window; false (nothing done) otherwise or where the backend has no batched kernels.
-    fn decode_attention_batch(&self, seqs: &mut [SeqRows<'_>], li: usize, q: &Buffer, k: &Buffer, v: &Buffer, out: &mut Buffer) -> bool {
+    fn decode_attention_batch(
+        &self,
+        seqs: &mut [SeqRows<'_, B>],
+        li: usize,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> anyhow::Result<bool> {
         let hp = &self.hp;
         if seqs.len() < 2 || hp.layer_window(li).is_some() || seqs.iter().any(|s| s.tokens.len() != 1) {
-            return false;
+            return Ok(false);
         }
         let start_pos: Vec<usize> = seqs.iter().map(|s| s.cache.len).collect();
         let mut caches = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {
             match &mut s.cache.storage {
                 KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
-                KvStorage::Paged { .. } => return false,
+                KvStorage::Paged { .. } => return Ok(false),
             }
         }
         let shape = AttentionShape {
@@ -672,7 +692,7 @@ impl Model {
             head_dim: hp.head_dim,
             window: None,
         };
-        self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)
+        Ok(self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)?)
     }
 }
 
@@ -681,7 +701,7 @@ impl Model {
 /// ring_blocks`, so position p is ring row p mod (ring_blocks * block_size). Refused when the
 /// positions the pass needs at once (the window before its first query, and its rows) are
 /// more than the ring holds: a stored row would overwrite one a query still reads.
-fn ring_table(p: &KvPool, ring: u32, len: usize, rows: usize, window: usize) -> anyhow::Result<Vec<u32>> {
+fn ring_table<B: Backend>(p: &KvPool<B>, ring: u32, len: usize, rows: usize, window: usize) -> anyhow::Result<Vec<u32>> {
     let bs = p.block_size;
     let (first, last) = ((len + 1).saturating_sub(window), len + rows - 1);
     if last - first + 1 > p.ring_blocks * bs {
@@ -692,7 +712,7 @@ fn ring_table(p: &KvPool, ring: u32, len: usize, rows: usize, window: usize) -> 
 }
 
 /// The rows and logit rows of one pass over `seqs`.
-fn workspace_shape_of(seqs: &[SeqRows<'_>]) -> WorkspaceShape {
+fn workspace_shape_of<B: Backend>(seqs: &[SeqRows<'_, B>]) -> WorkspaceShape {
     let rows = seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
     let logit_rows = seqs
         .iter()
@@ -705,7 +725,7 @@ fn workspace_shape_of(seqs: &[SeqRows<'_>]) -> WorkspaceShape {
     WorkspaceShape { rows: rows.max(1), logit_rows }
 }
 
-fn expect_shape(w: &Weight, cols: usize, rows: usize) -> anyhow::Result<()> {
+fn expect_shape<D>(w: &Weight<D>, cols: usize, rows: usize) -> anyhow::Result<()> {
     if w.cols != cols || w.rows != rows {
         bail!("tensor \"{}\" has shape [{}, {}], expected [{cols}, {rows}]", w.name, w.cols, w.rows);
     }
@@ -713,13 +733,13 @@ fn expect_shape(w: &Weight, cols: usize, rows: usize) -> anyhow::Result<()> {
 }
 
 /// Loads a model file on a backend (used by the CLI's `logits` command and tests).
-pub fn load_file(path: &std::path::Path, backend: Arc<dyn Backend>) -> anyhow::Result<Model> {
+pub fn load_file<B: Backend>(path: &std::path::Path, backend: Arc<B>) -> anyhow::Result<Model<B>> {
     let file = Arc::new(GgufFile::open(path).with_context(|| format!("loading {}", path.display()))?);
     Model::load(file, backend)
 }
 
 /// Logits for every position of `tokens` (teacher forcing), row-major [tokens x vocab].
-pub fn all_logits(model: &Model, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+pub fn all_logits<B: Backend>(model: &Model<B>, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
     let mut cache = model.new_cache(tokens.len())?;
     model.forward(&mut cache, tokens, Logits::All)
 }

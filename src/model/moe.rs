@@ -19,7 +19,7 @@
 
 use super::hparams::{ExpertAct, Gating, MoeParams};
 use super::{HParams, MoeWorkspace};
-use crate::backend::{Backend, Buffer, Weight};
+use crate::backend::{Backend, WeightOf};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,45 +59,45 @@ impl ExpertLoad {
 
 /// One expert's SwiGLU matrices (views into the layer's expert tensors, or whole 2-D tensors
 /// for the shared expert).
-pub struct ExpertWeights {
-    pub gate: Weight,
-    pub up: Weight,
-    pub down: Weight,
+pub struct ExpertWeights<B: Backend> {
+    pub gate: WeightOf<B>,
+    pub up: WeightOf<B>,
+    pub down: WeightOf<B>,
     /// This expert's rows of `ffn_{gate,up,down}_exps.bias` (gpt-oss), when the file has them.
-    pub biases: Option<ExpertBiases>,
+    pub biases: Option<ExpertBiases<B>>,
 }
 
-pub struct ExpertBiases {
-    pub gate: Weight,
-    pub up: Weight,
-    pub down: Weight,
+pub struct ExpertBiases<B: Backend> {
+    pub gate: WeightOf<B>,
+    pub up: WeightOf<B>,
+    pub down: WeightOf<B>,
 }
 
 /// qwen2moe's shared expert: run on every token, scaled by sigmoid(gate_inp · x).
-pub struct SharedExpert {
+pub struct SharedExpert<B: Backend> {
     /// `ffn_gate_inp_shexp`: one row of n_embd.
-    pub gate_inp: Weight,
-    pub ffn: ExpertWeights,
+    pub gate_inp: WeightOf<B>,
+    pub ffn: ExpertWeights<B>,
 }
 
-pub struct MoeWeights {
+pub struct MoeWeights<B: Backend> {
     /// `ffn_gate_inp`: n_expert rows of n_embd (router logits).
-    pub router: Weight,
+    pub router: WeightOf<B>,
     /// `ffn_gate_inp.bias` (gpt-oss), added to the router logits.
     pub router_bias: Option<Vec<f32>>,
-    pub experts: Vec<ExpertWeights>,
-    pub shared: Option<SharedExpert>,
+    pub experts: Vec<ExpertWeights<B>>,
+    pub shared: Option<SharedExpert<B>>,
     pub params: MoeParams,
     /// The model's expert selection counts (shared by all its MoE layers).
     pub load: Arc<ExpertLoad>,
 }
 
 /// Loads layer `layer`'s MoE tensors and cuts the 3-D expert tensors into per-expert views.
-pub fn load(be: &dyn Backend, file: &Arc<GgufFile>, layer: usize, hp: &HParams, load: Arc<ExpertLoad>) -> anyhow::Result<MoeWeights> {
+pub fn load<B: Backend>(be: &B, file: &Arc<GgufFile>, layer: usize, hp: &HParams, load: Arc<ExpertLoad>) -> anyhow::Result<MoeWeights<B>> {
     let m = hp.moe.clone().context("MoE layer in a model without expert metadata")?;
     let p = |s: &str| format!("blk.{layer}.{s}");
     let w = |name: &str| be.load_weight(file, name);
-    let shape = |w: &Weight, cols: usize, rows: usize| -> anyhow::Result<()> {
+    let shape = |w: &WeightOf<B>, cols: usize, rows: usize| -> anyhow::Result<()> {
         if w.cols != cols || w.rows != rows {
             bail!("tensor \"{}\" has shape [{}, {}], expected [{cols}, {rows}]", w.name, w.cols, w.rows);
         }
@@ -252,11 +252,11 @@ fn softmax_ggml(x: &[f32], out: &mut [f32]) {
 
 /// Replaces `h` (n rows of n_embd, the normed FFN input) with the MoE block's output, using
 /// the buffers of `ws` (sized for at least n rows; `h` and `ws.out` are swapped).
-pub fn ffn(be: &dyn Backend, m: &MoeWeights, ws: &mut MoeWorkspace, h: &mut Buffer, n: usize, d: usize) -> anyhow::Result<()> {
+pub fn ffn<B: Backend>(be: &B, m: &MoeWeights<B>, ws: &mut MoeWorkspace<B>, h: &mut B::Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
-    be.matmul(&m.router, h, n, &mut ws.router_logits);
+    be.matmul(&m.router, h, n, &mut ws.router_logits)?;
     let mut host = vec![0f32; n * ne];
-    be.read(&ws.router_logits, 0, &mut host);
+    be.read(&ws.router_logits, 0, &mut host)?;
     if let Some(b) = &m.router_bias {
         for row in host.chunks_exact_mut(ne) {
             row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
@@ -271,11 +271,11 @@ pub fn ffn(be: &dyn Backend, m: &MoeWeights, ws: &mut MoeWorkspace, h: &mut Buff
 /// to their (token, slot) rows; then the weighted sum over slots replaces `h` (and the shared
 /// expert, if any, is added).
 #[allow(clippy::too_many_arguments)]
-fn expert_outputs_and_sum(
-    be: &dyn Backend,
-    m: &MoeWeights,
-    ws: &mut MoeWorkspace,
-    h: &mut Buffer,
+fn expert_outputs_and_sum<B: Backend>(
+    be: &B,
+    m: &MoeWeights<B>,
+    ws: &mut MoeWorkspace<B>,
+    h: &mut B::Buffer,
     n: usize,
     d: usize,
     ff: usize,
@@ -297,58 +297,66 @@ fn expert_outputs_and_sum(
         if rows == 0 {
             continue;
         }
-        be.gather_rows(h, &tokens, d, xe);
-        be.matmul_many(&[&ew.gate, &ew.up], xe, rows, &mut [&mut *gate, &mut *up]);
+        be.gather_rows(h, &tokens, d, xe)?;
+        be.matmul_many(&[&ew.gate, &ew.up], xe, rows, &mut [&mut *gate, &mut *up])?;
         if let Some(b) = &ew.biases {
-            be.add_bias(gate, &b.gate, rows);
-            be.add_bias(up, &b.up, rows);
+            be.add_bias(gate, &b.gate, rows)?;
+            be.add_bias(up, &b.up, rows)?;
         }
         match m.params.act {
-            ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff),
+            ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff)?,
             ExpertAct::SwiGluOai => {
                 // On the host: rows * ff floats, small next to the expert matmuls.
                 let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
-                be.read(gate, 0, &mut g);
-                be.read(up, 0, &mut u);
+                be.read(gate, 0, &mut g)?;
+                be.read(up, 0, &mut u)?;
                 swiglu_oai(&mut g, &u);
-                be.write(gate, 0, &g);
+                be.write(gate, 0, &g)?;
             }
         }
-        be.matmul(&ew.down, gate, rows, xe);
+        be.matmul(&ew.down, gate, rows, xe)?;
         if let Some(b) = &ew.biases {
-            be.add_bias(xe, &b.down, rows);
+            be.add_bias(xe, &b.down, rows)?;
         }
-        be.scatter_rows(xe, &slot_rows, d, slots);
+        be.scatter_rows(xe, &slot_rows, d, slots)?;
     }
-    be.weighted_sum_rows(slots, &r.weights, n, k, d, out);
+    be.weighted_sum_rows(slots, &r.weights, n, k, d, out)?;
     if let Some(sh) = &m.shared {
-        shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out);
+        shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out)?;
     }
     std::mem::swap(h, out);
     Ok(())
 }
 
 /// The shared expert's buffers: the routed experts' ones, free again by then.
-struct SharedScratch<'a> {
-    g: &'a mut Buffer,
-    gate: &'a mut Buffer,
-    up: &'a mut Buffer,
-    y: &'a mut Buffer,
+struct SharedScratch<'a, B: Backend> {
+    g: &'a mut B::Buffer,
+    gate: &'a mut B::Buffer,
+    up: &'a mut B::Buffer,
+    y: &'a mut B::Buffer,
 }
 
 /// out += sigmoid(gate_inp · x) * SwiGLU_shared(x) per row (llama.cpp's qwen2moe graph; its
 /// sigmoid is silu(x) / x).
-fn shared_expert(be: &dyn Backend, sh: &SharedExpert, x: &Buffer, n: usize, d: usize, s: SharedScratch<'_>, out: &mut Buffer) {
+fn shared_expert<B: Backend>(
+    be: &B,
+    sh: &SharedExpert<B>,
+    x: &B::Buffer,
+    n: usize,
+    d: usize,
+    s: SharedScratch<'_, B>,
+    out: &mut B::Buffer,
+) -> crate::backend::Result<()> {
     let ff = sh.ffn.gate.rows;
-    be.matmul(&sh.gate_inp, x, n, s.g);
+    be.matmul(&sh.gate_inp, x, n, s.g)?;
     let mut scales = vec![0f32; n];
-    be.read(s.g, 0, &mut scales);
+    be.read(s.g, 0, &mut scales)?;
     scales.iter_mut().for_each(|v| *v = (*v / (1.0 + (-*v).exp())) / *v);
-    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut *s.gate, &mut *s.up]);
-    be.silu_mul(s.gate, s.up, n * ff);
-    be.matmul(&sh.ffn.down, s.gate, n, s.y);
-    be.scale_rows(s.y, &scales, d);
-    be.add(out, s.y, n * d);
+    be.matmul_many(&[&sh.ffn.gate, &sh.ffn.up], x, n, &mut [&mut *s.gate, &mut *s.up])?;
+    be.silu_mul(s.gate, s.up, n * ff)?;
+    be.matmul(&sh.ffn.down, s.gate, n, s.y)?;
+    be.scale_rows(s.y, &scales, d)?;
+    be.add(out, s.y, n * d)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! workspace gives the same bits as a fresh one (tests/workspace.rs).
 
 use super::HParams;
-use crate::backend::{Backend, Buffer};
+use crate::backend::Backend;
 use anyhow::bail;
 
 /// The largest pass a workspace serves.
@@ -28,45 +28,45 @@ pub struct WorkspaceShape {
 
 /// Activation buffers for passes of up to `shape.rows` rows. Fields are named after the
 /// forward pass's variables (src/model/mod.rs).
-pub struct Workspace {
+pub struct Workspace<B: Backend> {
     shape: WorkspaceShape,
     bytes: usize,
     /// The residual stream, rows x n_embd.
-    pub(super) x: Buffer,
+    pub(super) x: B::Buffer,
     /// A norm's output / an op's scratch, rows x n_embd.
-    pub(super) h: Buffer,
-    pub(super) q: Buffer,
-    pub(super) k: Buffer,
-    pub(super) v: Buffer,
+    pub(super) h: B::Buffer,
+    pub(super) q: B::Buffer,
+    pub(super) k: B::Buffer,
+    pub(super) v: B::Buffer,
     /// Attention output, rows x q_dim.
-    pub(super) att: Buffer,
-    pub(super) gate: Buffer,
-    pub(super) up: Buffer,
+    pub(super) att: B::Buffer,
+    pub(super) gate: B::Buffer,
+    pub(super) up: B::Buffer,
     /// The residual rows whose logits are returned, logit_rows x n_embd.
-    pub(super) picked: Buffer,
+    pub(super) picked: B::Buffer,
     /// logit_rows x n_vocab.
-    pub(super) logits: Buffer,
+    pub(super) logits: B::Buffer,
     /// The mixture-of-experts block's buffers (MoE models only).
-    pub(super) moe: Option<MoeWorkspace>,
+    pub(super) moe: Option<MoeWorkspace<B>>,
 }
 
 /// The buffers of `moe::ffn` for up to `rows` tokens. An expert serves at most every token
 /// (top-k picks distinct experts), so its buffers hold `rows` rows too.
-pub struct MoeWorkspace {
+pub struct MoeWorkspace<B: Backend> {
     /// Router logits, rows x n_expert.
-    pub(crate) router_logits: Buffer,
+    pub(crate) router_logits: B::Buffer,
     /// Each (token, slot)'s expert output, rows x k x n_embd.
-    pub(crate) slots: Buffer,
+    pub(crate) slots: B::Buffer,
     /// One expert's gathered input and then its output, rows x n_embd (also the shared
     /// expert's output).
-    pub(crate) xe: Buffer,
+    pub(crate) xe: B::Buffer,
     /// rows x max(n_ff_exp, n_ff_shexp) (the routed experts', then the shared expert's).
-    pub(crate) gate: Buffer,
-    pub(crate) up: Buffer,
+    pub(crate) gate: B::Buffer,
+    pub(crate) up: B::Buffer,
     /// The block's output, rows x n_embd (swapped with the pass's `h`).
-    pub(crate) out: Buffer,
+    pub(crate) out: B::Buffer,
     /// The shared expert's gate logit per token, rows.
-    pub(crate) shared_gate: Buffer,
+    pub(crate) shared_gate: B::Buffer,
 }
 
 /// Lengths (f32 elements) of every buffer, in the order `Workspace::new` allocates them.
@@ -94,26 +94,26 @@ fn lengths(hp: &HParams, s: WorkspaceShape) -> (Vec<usize>, Vec<usize>) {
     (main, moe)
 }
 
-impl Workspace {
+impl<B: Backend> Workspace<B> {
     /// Allocates the buffers for passes of up to `shape` on `be`.
-    pub fn new(be: &dyn Backend, hp: &HParams, shape: WorkspaceShape) -> anyhow::Result<Workspace> {
+    pub fn new(be: &B, hp: &HParams, shape: WorkspaceShape) -> anyhow::Result<Workspace<B>> {
         if shape.rows == 0 || shape.logit_rows > shape.rows {
             bail!("a workspace of {} rows cannot return {} rows of logits", shape.rows, shape.logit_rows);
         }
         let (main, moe) = lengths(hp, shape);
-        let alloc_all = |lens: &[usize]| lens.iter().map(|&len| be.alloc(len)).collect::<anyhow::Result<Vec<_>>>();
-        let Ok([x, h, q, k, v, att, gate, up, picked, logits]) = <[Buffer; 10]>::try_from(alloc_all(&main)?) else {
+        let alloc_all = |lens: &[usize]| lens.iter().map(|&len| be.alloc(len)).collect::<crate::backend::Result<Vec<_>>>();
+        let Ok([x, h, q, k, v, att, gate, up, picked, logits]) = <[B::Buffer; 10]>::try_from(alloc_all(&main)?) else {
             unreachable!("ten lengths, ten buffers")
         };
         let moe = if moe.is_empty() {
             None
         } else {
-            let Ok([router_logits, slots, xe, gate, up, out, shared_gate]) = <[Buffer; 7]>::try_from(alloc_all(&moe)?) else {
+            let Ok([router_logits, slots, xe, gate, up, out, shared_gate]) = <[B::Buffer; 7]>::try_from(alloc_all(&moe)?) else {
                 unreachable!("seven lengths, seven buffers")
             };
             Some(MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate })
         };
-        let bytes = Workspace::bytes_for(hp, shape);
+        let bytes = Workspace::<B>::bytes_for(hp, shape);
         Ok(Workspace { shape, bytes, x, h, q, k, v, att, gate, up, picked, logits, moe })
     }
 

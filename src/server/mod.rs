@@ -173,7 +173,7 @@ pub async fn run(
     let stats_engine = engine.clone();
     metrics.register(Box::new(metrics::EngineCollector::new(move || stats_engine.stats()))).context("registering metrics")?;
     metrics.register(Box::new(metrics::KernelCollector::global())).context("registering metrics")?;
-    if let Some(load) = engine.model().expert_load() {
+    if let Some(load) = engine.expert_load() {
         metrics.register(Box::new(metrics::ExpertLoadCollector::new(load.clone()))).context("registering metrics")?;
     }
 

@@ -2,8 +2,8 @@
 //! each token and GQA group as one work item on the pool. The kernels (f16 conversion, the
 //! step-by-step row and the fused group kernels) are `quant::simd::attention`.
 
-use super::{buf, buf_mut, kv, kv_mut, CpuBackend};
-use crate::backend::{AttentionShape, Buffer, KvBlocks, SeqAttention};
+use super::{CpuBackend, CpuBuffer, CpuKvBuffer};
+use crate::backend::{AttentionShape, KvBlocks, SeqAttention};
 use crate::quant::simd::attention as kernels;
 use rayon::prelude::*;
 
@@ -12,10 +12,10 @@ impl CpuBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kv_store_cpu(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_pool: &mut Buffer,
-        v_pool: &mut Buffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        k_pool: &mut CpuKvBuffer,
+        v_pool: &mut CpuKvBuffer,
         src_row: usize,
         blocks: KvBlocks<'_>,
         start_pos: usize,
@@ -23,15 +23,15 @@ impl CpuBackend {
         kv_dim: usize,
     ) {
         self.timed("kv_store", n_tokens, || {
-            let (kp, vp) = (kv_mut(k_pool), kv_mut(v_pool));
+            let (kp, vp) = (k_pool.as_mut_slice(), v_pool.as_mut_slice());
             // Runs of positions that stay inside one block are contiguous in the pool.
             let mut t = 0;
             while t < n_tokens {
                 let pos = start_pos + t;
                 let run = (blocks.block_size() - (pos & blocks.mask())).min(n_tokens - t);
                 let (src, at, n) = ((src_row + t) * kv_dim, blocks.slot(pos) * kv_dim, run * kv_dim);
-                kernels::f32_to_f16_row(&buf(k)[src..src + n], &mut kp[at..at + n]);
-                kernels::f32_to_f16_row(&buf(v)[src..src + n], &mut vp[at..at + n]);
+                kernels::f32_to_f16_row(&k.as_slice()[src..src + n], &mut kp[at..at + n]);
+                kernels::f32_to_f16_row(&v.as_slice()[src..src + n], &mut vp[at..at + n]);
                 t += run;
             }
         })
@@ -52,13 +52,13 @@ impl CpuBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_cpu(
         &self,
-        q: &Buffer,
-        k_pool: &Buffer,
-        v_pool: &Buffer,
+        q: &CpuBuffer,
+        k_pool: &CpuKvBuffer,
+        v_pool: &CpuKvBuffer,
         blocks: KvBlocks<'_>,
         s: AttentionShape,
         sinks: Option<&[f32]>,
-        out: &mut Buffer,
+        out: &mut CpuBuffer,
     ) {
         self.attention_many_cpu(q, k_pool, v_pool, &[SeqAttention { blocks, shape: s }], sinks, out)
     }
@@ -71,12 +71,12 @@ impl CpuBackend {
     /// it computes alone: the numbers do not depend on the batch.
     pub(super) fn attention_many_cpu(
         &self,
-        q: &Buffer,
-        k_pool: &Buffer,
-        v_pool: &Buffer,
+        q: &CpuBuffer,
+        k_pool: &CpuKvBuffer,
+        v_pool: &CpuKvBuffer,
         seqs: &[SeqAttention<'_>],
         sinks: Option<&[f32]>,
-        out: &mut Buffer,
+        out: &mut CpuBuffer,
     ) {
         let Some(first) = seqs.first() else { return };
         let s0 = first.shape;
@@ -85,10 +85,10 @@ impl CpuBackend {
                 == (s0.n_head, s0.n_head_kv, s0.head_dim, s0.window)),
             "attention of one layer: every sequence has the same heads"
         );
-        let q = buf(q);
-        let kc = kv(k_pool);
-        let vc = kv(v_pool);
-        let o = buf_mut(out);
+        let q = q.as_slice();
+        let kc = k_pool.as_slice();
+        let vc = v_pool.as_slice();
+        let o = out.as_mut_slice();
         let hd = s0.head_dim;
         let kv_dim = s0.n_head_kv * hd;
         let group = s0.n_head / s0.n_head_kv;

@@ -2,8 +2,7 @@
 //! quantised dot products (`crate::quant`, tiles of one weight row x up to four activation
 //! rows where the type has them) over work items of weight rows x tokens on the pool.
 
-use super::{buf, buf_mut, weights::weight, CpuBackend};
-use crate::backend::{Buffer, Weight};
+use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::gguf::GgmlType;
 use crate::quant;
 use rayon::prelude::*;
@@ -60,7 +59,7 @@ const ITEMS_PER_THREAD: usize = 4;
 impl MatmulSplit {
     fn new(weight_rows: usize, tokens: usize, threads: usize) -> MatmulSplit {
         let want = (threads * ITEMS_PER_THREAD).max(1);
-        // Weight rows first: blocks of 16 down to 4 rows until there are `want` of them.
+        // CpuWeight rows first: blocks of 16 down to 4 rows until there are `want` of them.
         // (Rounded down to a multiple of 4: rounding up would leave fewer items than wanted.)
         let block_rows = (weight_rows / want / 4 * 4).clamp(4, MAX_BLOCK_ROWS);
         let blocks = weight_rows.div_ceil(block_rows).max(1);
@@ -83,7 +82,7 @@ fn store_tile<const T: usize>(out: &[[f32; T]], tok: usize, r0: usize, store: &i
 impl CpuBackend {
     /// Weights of one type and width (q/k/v, gate/up) share one activation quantisation and
     /// one parallel region; their row blocks are the work items of that region.
-    pub(super) fn matmul_many_cpu(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+    pub(super) fn matmul_many_cpu(&self, ws: &[&CpuWeight], x: &CpuBuffer, rows: usize, outs: &mut [&mut CpuBuffer]) {
         assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
         let Some(first) = ws.first() else { return };
         let (t, k) = (first.ggml_type, first.cols);
@@ -96,7 +95,7 @@ impl CpuBackend {
         let fmt = quant::act_format(t);
         let act_bytes = quant::act_row_bytes(fmt, k);
         let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
-        let x = buf(x);
+        let x = x.as_slice();
         assert!(x.len() >= rows * k, "matmul {}: input too small", first.name);
         // Work items: a block of rows of one weight x a range of activation rows (tokens),
         // sized so that every thread gets several items of equal work (matmul_split).
@@ -106,9 +105,9 @@ impl CpuBackend {
         let mut jobs = Vec::with_capacity(ws.len());
         let mut blocks = 0;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            let o = buf_mut(out);
+            let o = out.as_mut_slice();
             assert!(o.len() >= rows * w.rows, "matmul {}: output too small", w.name);
-            jobs.push((weight(w).bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
+            jobs.push((w.data.bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
             blocks += w.rows.div_ceil(block);
         }
         let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));

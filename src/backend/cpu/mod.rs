@@ -8,7 +8,7 @@
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count.
 
-use super::{AttentionShape, Backend, Buffer, KvBlocks, RopeScaling, RopeStyle, SeqAttention, Weight};
+use super::{AttentionShape, Backend, Error, KvBlocks, Result, RopeScaling, RopeStyle, SeqAttention, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
@@ -23,26 +23,18 @@ mod rope;
 pub mod topology;
 mod weights;
 
+pub use weights::MappedWeight;
+
+/// An f32 activation buffer of the CPU backend.
+pub type CpuBuffer = Vec<f32>;
+/// One layer's K or V cache of the CPU backend: f16 bits, as llama.cpp's default cache type.
+pub type CpuKvBuffer = Vec<u16>;
+/// A weight of the CPU backend (borrowed from the file's mmap).
+pub type CpuWeight = Weight<MappedWeight>;
+
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
-}
-
-fn buf(b: &Buffer) -> &[f32] {
-    b.inner.downcast_ref::<Vec<f32>>().expect("CPU backend got a foreign buffer")
-}
-
-fn buf_mut(b: &mut Buffer) -> &mut [f32] {
-    b.inner.downcast_mut::<Vec<f32>>().expect("CPU backend got a foreign buffer")
-}
-
-/// The f16 bits of a K or V cache made by `alloc_kv_cache`.
-fn kv(b: &Buffer) -> &[u16] {
-    b.inner.downcast_ref::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
-}
-
-fn kv_mut(b: &mut Buffer) -> &mut [u16] {
-    b.inner.downcast_mut::<Vec<u16>>().expect("CPU backend got a foreign KV cache")
 }
 
 impl CpuBackend {
@@ -73,6 +65,10 @@ const PARALLEL_ELEMS: usize = 32 * 1024;
 const PARALLEL_CHUNK: usize = 8 * 1024;
 
 impl Backend for CpuBackend {
+    type Buffer = CpuBuffer;
+    type KvBuffer = CpuKvBuffer;
+    type WeightData = MappedWeight;
+
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -85,112 +81,129 @@ impl Backend for CpuBackend {
         quant::supports(t)
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
         self.load_weight_cpu(file, name)
     }
 
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         self.weight_rows_cpu(w, first_row, n_rows, name)
     }
 
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
-        let (s, d) = (buf(src), buf_mut(dst));
+    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        let (s, d) = (src.as_slice(), dst.as_mut_slice());
         self.timed("scatter_rows", rows.len(), || {
             for (i, &r) in rows.iter().enumerate() {
                 let r = r as usize;
                 d[r * dim..(r + 1) * dim].copy_from_slice(&s[i * dim..(i + 1) * dim]);
             }
-        })
+        });
+        Ok(())
     }
 
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
-        let (s, o) = (buf(src), buf_mut(out));
-        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o))
+    fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
+        let (s, o) = (src.as_slice(), out.as_mut_slice());
+        self.timed("weighted_sum_rows", n, || super::weighted_sum_rows_host(s, weights, n, k, dim, o));
+        Ok(())
     }
 
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
-        let x = buf_mut(x);
-        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim))
+    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> Result<()> {
+        self.timed("scale_rows", scales.len(), || super::scale_rows_host(x, scales, dim));
+        Ok(())
     }
 
     fn run(&self, pass: &mut (dyn FnMut() + Send)) {
         self.pool.install(pass)
     }
 
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(vec![0f32; len]) })
+    fn alloc(&self, len: usize) -> Result<Self::Buffer> {
+        Ok(vec![0f32; len])
     }
 
     /// K and V caches hold f16 bits (`Vec<u16>`), as llama.cpp's default cache type.
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(vec![0u16; len]) })
+    fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer> {
+        Ok(vec![0u16; len])
     }
 
     fn kv_cache_elem_bytes(&self) -> usize {
         2
     }
 
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
-        buf_mut(dst)[offset..offset + src.len()].copy_from_slice(src);
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()> {
+        dst[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
     }
 
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
-        dst.copy_from_slice(&buf(src)[offset..offset + dst.len()]);
+    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()> {
+        dst.copy_from_slice(&src[offset..offset + dst.len()]);
+        Ok(())
     }
 
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
         self.embed_cpu(table, tokens, out)
     }
 
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
-        self.rmsnorm_cpu(x, w, rows, dim, eps, out)
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()> {
+        self.rmsnorm_cpu(x, w, rows, dim, eps, out);
+        Ok(())
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
-        self.rmsnorm_inplace_cpu(x, w, rows, dim, eps)
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        self.rmsnorm_inplace_cpu(x, w, rows, dim, eps);
+        Ok(())
     }
 
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
-        self.matmul_many(&[w], x, rows, &mut [out]);
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
+        self.matmul_many(&[w], x, rows, &mut [out])
     }
 
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
-        self.matmul_many_cpu(ws, x, rows, outs)
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+        self.matmul_many_cpu(ws, x, rows, outs);
+        Ok(())
     }
 
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
-        self.add_bias_cpu(x, b, rows)
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()> {
+        self.add_bias_cpu(x, b, rows);
+        Ok(())
     }
 
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
-        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, None)
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> Result<()> {
+        self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, None);
+        Ok(())
     }
 
     fn rope_scaled(
         &self,
-        x: &mut Buffer,
+        x: &mut Self::Buffer,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
         freq_base: f32,
         style: RopeStyle,
         scaling: RopeScaling,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         self.rope_cpu(x, positions, n_heads, head_dim, freq_base, style, Some(scaling));
         Ok(())
     }
 
     fn kv_store(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_cache: &mut Buffer,
-        v_cache: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
         src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> Result<()> {
         self.kv_store_paged(k, v, k_cache, v_cache, src_row, KvBlocks::CONTIGUOUS, start_pos, n_tokens, kv_dim)
     }
 
@@ -200,43 +213,63 @@ impl Backend for CpuBackend {
 
     fn kv_store_paged(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_pool: &mut Buffer,
-        v_pool: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_pool: &mut Self::KvBuffer,
+        v_pool: &mut Self::KvBuffer,
         src_row: usize,
         blocks: KvBlocks<'_>,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
-        self.kv_store_cpu(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim)
+    ) -> Result<()> {
+        self.kv_store_cpu(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim);
+        Ok(())
     }
 
     /// llama.cpp's CPU flash attention over the f16 cache, for greedy parity (attention.rs).
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
-        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out)
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.attention_cpu(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, s, None, out);
+        Ok(())
     }
 
     /// The paged form of `attention`: cache position p is pool row `blocks.slot(p)`. A
     /// contiguous cache is the one-block case, so both forms run the same arithmetic.
-    fn attention_paged(&self, q: &Buffer, k_pool: &Buffer, v_pool: &Buffer, blocks: KvBlocks<'_>, s: AttentionShape, out: &mut Buffer) {
-        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out)
+    fn attention_paged(
+        &self,
+        q: &Self::Buffer,
+        k_pool: &Self::KvBuffer,
+        v_pool: &Self::KvBuffer,
+        blocks: KvBlocks<'_>,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.attention_cpu(q, k_pool, v_pool, blocks, s, None, out);
+        Ok(())
     }
 
     /// All sequences' heads as one parallel region (attention.rs), the same numbers as the
     /// per-sequence calls.
     fn attention_paged_many(
         &self,
-        q: &Buffer,
-        k_pool: &Buffer,
-        v_pool: &Buffer,
+        q: &Self::Buffer,
+        k_pool: &Self::KvBuffer,
+        v_pool: &Self::KvBuffer,
         seqs: &[SeqAttention<'_>],
         sinks: Option<&[f32]>,
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         if let (Some(sinks), Some(a)) = (sinks, seqs.first()) {
-            anyhow::ensure!(sinks.len() == a.shape.n_head, "{} attention sinks for {} heads", sinks.len(), a.shape.n_head);
+            if sinks.len() != a.shape.n_head {
+                return Err(Error::invalid("cpu", format!("{} attention sinks for {} heads", sinks.len(), a.shape.n_head)));
+            }
         }
         self.attention_many_cpu(q, k_pool, v_pool, seqs, sinks, out);
         Ok(())
@@ -246,43 +279,51 @@ impl Backend for CpuBackend {
     /// flash attention does for its single KV chunk.
     fn attention_with_sinks(
         &self,
-        q: &Buffer,
-        k_cache: &Buffer,
-        v_cache: &Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
         blocks: KvBlocks<'_>,
         s: AttentionShape,
         sinks: &[f32],
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
-        anyhow::ensure!(sinks.len() == s.n_head, "{} attention sinks for {} heads", sinks.len(), s.n_head);
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        if sinks.len() != s.n_head {
+            return Err(Error::invalid("cpu", format!("{} attention sinks for {} heads", sinks.len(), s.n_head)));
+        }
         self.attention_cpu(q, k_cache, v_cache, blocks, s, Some(sinks), out);
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        self.silu_mul_cpu(gate, up, n)
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        self.silu_mul_cpu(gate, up, n);
+        Ok(())
     }
 
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        self.gelu_tanh_mul_cpu(gate, up, n)
+    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        self.gelu_tanh_mul_cpu(gate, up, n);
+        Ok(())
     }
 
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
-        self.scale_cpu(x, n, s)
+    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> Result<()> {
+        self.scale_cpu(x, n, s);
+        Ok(())
     }
 
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
-        self.add_cpu(x, y, n)
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()> {
+        self.add_cpu(x, y, n);
+        Ok(())
     }
 
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
-        buf_mut(dst)[..dim].copy_from_slice(&buf(src)[src_row * dim..(src_row + 1) * dim]);
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        dst[..dim].copy_from_slice(&src[src_row * dim..(src_row + 1) * dim]);
+        Ok(())
     }
 
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
-        let (s, d) = (buf(src), buf_mut(dst));
+    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        let (s, d) = (src.as_slice(), dst.as_mut_slice());
         for (i, &r) in rows.iter().enumerate() {
             d[i * dim..(i + 1) * dim].copy_from_slice(&s[r * dim..(r + 1) * dim]);
         }
+        Ok(())
     }
 }

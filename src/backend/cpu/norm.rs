@@ -1,13 +1,12 @@
 //! RMS norm as ggml computes it (squares summed in f64), one row per work item.
 
-use super::{buf, buf_mut, weights::weight_f32, CpuBackend, PARALLEL_ELEMS};
-use crate::backend::{Buffer, Weight};
+use super::{weights::weight_f32, CpuBackend, CpuBuffer, CpuWeight, PARALLEL_ELEMS};
 use rayon::prelude::*;
 
 impl CpuBackend {
-    pub(super) fn rmsnorm_cpu(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
-        let x = buf(x);
-        let o = buf_mut(out);
+    pub(super) fn rmsnorm_cpu(&self, x: &CpuBuffer, w: &CpuWeight, rows: usize, dim: usize, eps: f32, out: &mut CpuBuffer) {
+        let x = x.as_slice();
+        let o = out.as_mut_slice();
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
             let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
@@ -20,8 +19,8 @@ impl CpuBackend {
         })
     }
 
-    pub(super) fn rmsnorm_inplace_cpu(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
-        let x = buf_mut(x);
+    pub(super) fn rmsnorm_inplace_cpu(&self, x: &mut CpuBuffer, w: &CpuWeight, rows: usize, dim: usize, eps: f32) {
+        let x = x.as_mut_slice();
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
             let norm = |row: &mut [f32]| {

@@ -1,7 +1,7 @@
 //! RoPE, plain and with ggml's rope_ext scaling (YaRN), in ggml's order of operations.
 
-use super::{buf_mut, CpuBackend};
-use crate::backend::{Buffer, RopeScaling, RopeStyle};
+use super::{CpuBackend, CpuBuffer};
+use crate::backend::{RopeScaling, RopeStyle};
 
 /// cos and sin of pair `i`'s angle under ggml's rope_ext scaling, `theta` being the unscaled
 /// angle p * base^(-2i/d): the scaled angle freq_scale * theta, blended towards `theta` on
@@ -29,7 +29,7 @@ impl CpuBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rope_cpu(
         &self,
-        x: &mut Buffer,
+        x: &mut CpuBuffer,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
@@ -37,7 +37,7 @@ impl CpuBackend {
         style: RopeStyle,
         scaling: Option<RopeScaling>,
     ) {
-        let x = buf_mut(x);
+        let x = x.as_mut_slice();
         let half = head_dim / 2;
         self.timed("rope", positions.len(), || {
             let mut cos = vec![0f32; half];

@@ -8,6 +8,7 @@
 //! All work goes to one stream per device, in order; host copies into the device are
 //! stream-ordered and the host memory may be reused as soon as the call returns.
 
+use crate::backend::{Error, Result};
 use crate::kernel_registry::KernelResources;
 use std::ffi::c_void;
 use std::time::Duration;
@@ -39,25 +40,25 @@ pub trait GpuApi: Send + Sync + 'static {
     /// Unit of `KernelResources::occupancy` ("blocks_per_sm", "waves_per_simd").
     fn occupancy_unit(&self) -> &'static str;
 
-    fn alloc(&self, bytes: usize) -> anyhow::Result<DevicePtr>;
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
     fn free(&self, ptr: DevicePtr);
     /// Host to device, ordered on the stream; `src` may be reused when this returns.
-    fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()>;
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Device to host after all queued work; blocks until the bytes are in `dst`.
-    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()>;
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
     /// Makes host memory (a tensor in the mapped GGUF file) readable by kernels in place and
     /// returns its device address: unified memory on Strix Halo. Not every runtime can.
-    fn map_host(&self, _bytes: &[u8]) -> anyhow::Result<DevicePtr> {
-        anyhow::bail!("{} backend: weights in host memory are not supported (use engine.gpu.weights = \"device\")", self.backend_name())
+    fn map_host(&self, _bytes: &[u8]) -> Result<DevicePtr> {
+        Err(Error::unsupported(self.backend_name(), "weights in host memory (use engine.gpu.weights = \"device\")"))
     }
     /// Undoes `map_host` for the host address it was given.
     fn unmap_host(&self, _host: *const u8) {}
     /// Device to device, ordered on the stream.
-    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()>;
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Loads one kernel image (PTX text or an AMDGPU code object).
-    fn load_module(&self, image: &[u8]) -> anyhow::Result<u64>;
-    fn function(&self, module: u64, name: &str) -> anyhow::Result<FunctionHandle>;
+    fn load_module(&self, image: &[u8]) -> Result<u64>;
+    fn function(&self, module: u64, name: &str) -> Result<FunctionHandle>;
     /// Queues a launch. `params` point at the kernel arguments, in order.
     ///
     /// # Safety
@@ -70,34 +71,34 @@ pub trait GpuApi: Send + Sync + 'static {
         block: [u32; 3],
         shared_bytes: u32,
         params: &mut [*mut c_void],
-    ) -> anyhow::Result<()>;
+    ) -> Result<()>;
 
-    fn event_create(&self) -> anyhow::Result<EventHandle>;
-    fn event_record(&self, e: EventHandle) -> anyhow::Result<()>;
+    fn event_create(&self) -> Result<EventHandle>;
+    fn event_record(&self, e: EventHandle) -> Result<()>;
     /// Records `e` while the stream is being captured, as a node of the graph (so that each
     /// replay records it and it can time the launches around it).
-    fn event_record_captured(&self, e: EventHandle) -> anyhow::Result<()> {
+    fn event_record_captured(&self, e: EventHandle) -> Result<()> {
         self.event_record(e)
     }
     /// Time between two recorded events that have completed.
-    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration>;
+    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> Result<Duration>;
     fn event_destroy(&self, e: EventHandle);
     /// Waits for everything queued on the stream.
-    fn synchronize(&self) -> anyhow::Result<()>;
+    fn synchronize(&self) -> Result<()>;
 
     /// Starts capturing the work queued on the stream (from this thread) into a graph
     /// instead of running it. Runtimes without graphs refuse, and the caller launches eagerly.
-    fn capture_begin(&self) -> anyhow::Result<()> {
-        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    fn capture_begin(&self) -> Result<()> {
+        Err(Error::unsupported(self.backend_name(), "graph capture"))
     }
     /// Ends the capture begun by `capture_begin` and instantiates the graph. Must be called
     /// after every successful `capture_begin`, also when queuing failed in between.
-    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
-        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    fn capture_end(&self) -> Result<GraphHandle> {
+        Err(Error::unsupported(self.backend_name(), "graph capture"))
     }
     /// Queues one run of an instantiated graph on the stream.
-    fn graph_launch(&self, _g: GraphHandle) -> anyhow::Result<()> {
-        anyhow::bail!("{} backend: graph capture is not supported", self.backend_name())
+    fn graph_launch(&self, _g: GraphHandle) -> Result<()> {
+        Err(Error::unsupported(self.backend_name(), "graph capture"))
     }
     fn graph_destroy(&self, _g: GraphHandle) {}
 

@@ -3,6 +3,7 @@
 //! on a host without the NVIDIA driver fails with one clear line instead of a link error.
 
 use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
+use crate::backend::{Error, Result};
 use crate::kernel_registry::KernelResources;
 use anyhow::{bail, Context};
 use cudarc::driver::sys;
@@ -21,7 +22,7 @@ pub struct CudaApi {
 unsafe impl Send for CudaApi {}
 unsafe impl Sync for CudaApi {}
 
-fn check(r: sys::CUresult, what: &str) -> anyhow::Result<()> {
+fn check(r: sys::CUresult, call: &str) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -35,7 +36,7 @@ fn check(r: sys::CUresult, what: &str) -> anyhow::Result<()> {
             CStr::from_ptr(msg).to_string_lossy().into_owned()
         }
     };
-    bail!("{what}: {r:?} ({text})")
+    Err(Error::Device { backend: "cuda", call: call.to_string(), code: r as i64, message: format!("{r:?}: {text}") })
 }
 
 impl CudaApi {
@@ -47,7 +48,7 @@ impl CudaApi {
         }
         // SAFETY: plain driver API calls with out-pointers to locals.
         unsafe {
-            check(sys::cuInit(0), "cuda backend: cuInit (no NVIDIA GPU or driver not loaded)")?;
+            check(sys::cuInit(0), "cuInit").context("no NVIDIA GPU or driver not loaded")?;
             let mut count = 0;
             check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
             if count <= 0 {
@@ -77,7 +78,7 @@ impl CudaApi {
         }
     }
 
-    fn current(&self) -> anyhow::Result<()> {
+    fn current(&self) -> Result<()> {
         // SAFETY: the context lives as long as self.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
     }
@@ -104,11 +105,15 @@ impl GpuApi for CudaApi {
         "blocks_per_sm"
     }
 
-    fn alloc(&self, bytes: usize) -> anyhow::Result<DevicePtr> {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.current()?;
         let mut p = 0;
         // SAFETY: out-pointer to a local.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc")?;
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(Error::OutOfMemory { backend: "cuda", bytes });
+        }
+        check(r, "cuMemAlloc_v2")?;
         Ok(p)
     }
 
@@ -119,14 +124,14 @@ impl GpuApi for CudaApi {
         }
     }
 
-    fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()> {
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.current()?;
         // SAFETY: from pageable memory the driver stages the bytes before returning, so
         // `src` may be dropped afterwards; the copy is ordered on our stream.
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream) }, "cuMemcpyHtoDAsync")
     }
 
-    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()> {
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         self.current()?;
         // SAFETY: dst is valid for its length; we wait for the stream before returning.
         unsafe {
@@ -135,16 +140,16 @@ impl GpuApi for CudaApi {
         }
     }
 
-    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.current()?;
         // SAFETY: both ranges are device allocations of at least `bytes` (callers' contract).
         check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream) }, "cuMemcpyDtoDAsync")
     }
 
-    fn load_module(&self, image: &[u8]) -> anyhow::Result<u64> {
+    fn load_module(&self, image: &[u8]) -> Result<u64> {
         self.current()?;
         if image.last() != Some(&0) {
-            bail!("PTX image must be NUL-terminated");
+            return Err(Error::invalid("cuda", "a PTX image must be NUL-terminated"));
         }
         let mut m = std::ptr::null_mut();
         // SAFETY: image is a NUL-terminated PTX string that outlives the call.
@@ -152,23 +157,16 @@ impl GpuApi for CudaApi {
         Ok(m as u64)
     }
 
-    fn function(&self, module: u64, name: &str) -> anyhow::Result<FunctionHandle> {
+    fn function(&self, module: u64, name: &str) -> Result<FunctionHandle> {
         self.current()?;
-        let cname = CString::new(name).context("kernel name")?;
+        let cname = CString::new(name).map_err(|_| Error::invalid("cuda", format!("kernel name {name:?} holds a NUL byte")))?;
         let mut f = std::ptr::null_mut();
         // SAFETY: module came from load_module.
         check(unsafe { sys::cuModuleGetFunction(&mut f, module as sys::CUmodule, cname.as_ptr()) }, "cuModuleGetFunction")?;
         Ok(FunctionHandle(f as u64))
     }
 
-    unsafe fn launch(
-        &self,
-        f: FunctionHandle,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        params: &mut [*mut c_void],
-    ) -> anyhow::Result<()> {
+    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<()> {
         self.current()?;
         check(
             sys::cuLaunchKernel(
@@ -188,7 +186,7 @@ impl GpuApi for CudaApi {
         )
     }
 
-    fn event_create(&self) -> anyhow::Result<EventHandle> {
+    fn event_create(&self) -> Result<EventHandle> {
         self.current()?;
         let mut e = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
@@ -196,12 +194,12 @@ impl GpuApi for CudaApi {
         Ok(EventHandle(e as u64))
     }
 
-    fn event_record(&self, e: EventHandle) -> anyhow::Result<()> {
+    fn event_record(&self, e: EventHandle) -> Result<()> {
         // SAFETY: e came from event_create.
         check(unsafe { sys::cuEventRecord(e.0 as sys::CUevent, self.stream) }, "cuEventRecord")
     }
 
-    fn event_record_captured(&self, e: EventHandle) -> anyhow::Result<()> {
+    fn event_record_captured(&self, e: EventHandle) -> Result<()> {
         // SAFETY: e came from event_create. A plain record inside a capture only orders
         // streams; the EXTERNAL flag makes it an event-record node of the graph.
         check(
@@ -216,7 +214,7 @@ impl GpuApi for CudaApi {
         )
     }
 
-    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration> {
+    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> Result<Duration> {
         self.current()?;
         let mut ms = 0f32;
         // SAFETY: both events were recorded on our stream, which the caller has drained.
@@ -229,13 +227,13 @@ impl GpuApi for CudaApi {
         unsafe { sys::cuEventDestroy_v2(e.0 as sys::CUevent) };
     }
 
-    fn synchronize(&self) -> anyhow::Result<()> {
+    fn synchronize(&self) -> Result<()> {
         self.current()?;
         // SAFETY: our stream.
         check(unsafe { sys::cuStreamSynchronize(self.stream) }, "cuStreamSynchronize")
     }
 
-    fn capture_begin(&self) -> anyhow::Result<()> {
+    fn capture_begin(&self) -> Result<()> {
         self.current()?;
         // SAFETY: our stream; thread-local mode: other threads' CUDA calls are not affected.
         check(
@@ -244,7 +242,7 @@ impl GpuApi for CudaApi {
         )
     }
 
-    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
+    fn capture_end(&self) -> Result<GraphHandle> {
         self.current()?;
         let mut graph = std::ptr::null_mut();
         // SAFETY: ends the capture begun on our stream; the graph is destroyed once its
@@ -259,7 +257,7 @@ impl GpuApi for CudaApi {
         }
     }
 
-    fn graph_launch(&self, g: GraphHandle) -> anyhow::Result<()> {
+    fn graph_launch(&self, g: GraphHandle) -> Result<()> {
         self.current()?;
         // SAFETY: g came from capture_end and is alive.
         check(unsafe { sys::cuGraphLaunch(g.0 as sys::CUgraphExec, self.stream) }, "cuGraphLaunch")

@@ -12,8 +12,8 @@
 
 use super::api::DevicePtr;
 use super::Args;
-use super::{gbuf, AttentionShape, Buffer, DevBuf, GpuApi, GpuBackend};
-use anyhow::Context;
+use super::{AttentionShape, DevBuf, GpuApi, GpuBackend, GpuBuffer};
+use crate::backend::{Result, ResultExt};
 use std::collections::HashMap;
 
 /// Tables kept before all are dropped (after waiting for the stream): about 2 MB at 32
@@ -33,14 +33,14 @@ impl<A: GpuApi> GpuBackend<A> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn try_decode_attention_batch(
         &self,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        caches: &[(&mut Buffer, &mut Buffer)],
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        caches: &[(&mut GpuBuffer, &mut GpuBuffer)],
         start_pos: &[usize],
         s: AttentionShape,
-        out: &Buffer,
-    ) -> anyhow::Result<bool> {
+        out: &GpuBuffer,
+    ) -> Result<bool> {
         let (store, attend) = match s.head_dim {
             64 => ("kv_store_batch_f16", "attn_decode_batch_d64"),
             128 => ("kv_store_batch_f16", "attn_decode_batch_d128"),
@@ -58,29 +58,24 @@ impl<A: GpuApi> GpuBackend<A> {
                 _ => return Ok(false),
             }
         };
-        let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [gbuf(kc).mem.ptr, gbuf(vc).mem.ptr]).collect();
+        let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [kc.mem.ptr, vc.mem.ptr]).collect();
         let table = self.kv_table(ptrs)?;
         let n = caches.len();
         let kv_dim = s.n_head_kv * s.head_dim;
-        self.launch(
-            store,
-            n,
-            [kv_dim.div_ceil(256), n, 2],
-            Args::default().ptr(gbuf(k).mem.ptr).ptr(gbuf(v).mem.ptr).ptr(table).ptr(pos).i32(kv_dim),
-        );
+        self.launch(store, n, [kv_dim.div_ceil(256), n, 2], Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(table).ptr(pos).i32(kv_dim))?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         self.launch(
             attend,
             n,
             [s.n_head, n, 1],
-            Args::default().ptr(gbuf(q).mem.ptr).ptr(table).ptr(gbuf(out).mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
-        );
+            Args::default().ptr(q.mem.ptr).ptr(table).ptr(out.mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+        )?;
         Ok(true)
     }
 
     /// The device table holding `ptrs`, made (uploaded to a buffer no queued work has seen)
     /// on first use.
-    fn kv_table(&self, ptrs: Vec<DevicePtr>) -> anyhow::Result<DevicePtr> {
+    fn kv_table(&self, ptrs: Vec<DevicePtr>) -> Result<DevicePtr> {
         let mut t = self.kv_tables.lock();
         if let Some(b) = t.tables.get(&ptrs) {
             return Ok(b.ptr);
@@ -89,14 +84,14 @@ impl<A: GpuApi> GpuBackend<A> {
             // Queued and captured work may still read the old tables: drop them only once the
             // stream is idle. Graphs that named them are never replayed with a new table at
             // the same address unless their tape (and so the table's contents) is the same.
-            self.flush();
+            self.flush()?;
             self.api.synchronize()?;
             t.tables.clear();
         }
         let bytes: Vec<u8> = ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
         // A fresh allocation, not a pooled buffer that recorded launches may still use.
         let buf = self.raw_alloc(bytes.len())?;
-        self.api.upload(buf.ptr, &bytes).context("uploading a KV cache table")?;
+        self.api.upload(buf.ptr, &bytes).while_doing(|| "uploading a KV cache table".into())?;
         let ptr = buf.ptr;
         t.tables.insert(ptrs, buf);
         Ok(ptr)

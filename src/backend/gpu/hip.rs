@@ -6,6 +6,7 @@
 //! from the KFD topology in sysfs, the name from `hipDeviceGetName`.
 
 use super::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
+use crate::backend::{Error, Result};
 use crate::kernel_registry::KernelResources;
 use anyhow::{bail, Context};
 use hip_runtime_sys::{hipEvent_t, hipFunction_t, hipGraphExec_t, hipGraphNode_t, hipGraph_t, hipModule_t, hipStream_t};
@@ -15,6 +16,7 @@ use std::time::Duration;
 type HipStatus = i32;
 const HIP_SUCCESS: HipStatus = 0;
 const HIP_ERROR_NO_DEVICE: HipStatus = 100;
+const HIP_ERROR_OUT_OF_MEMORY: HipStatus = 2;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 const HIP_HOST_REGISTER_MAPPED: c_uint = 2;
 /// hipStreamCaptureModeThreadLocal.
@@ -71,7 +73,7 @@ extern "C" {
     fn hipGraphExecDestroy(exec: hipGraphExec_t) -> HipStatus;
 }
 
-fn check(r: HipStatus, what: &str) -> anyhow::Result<()> {
+fn check(r: HipStatus, call: &str) -> Result<()> {
     if r == HIP_SUCCESS {
         return Ok(());
     }
@@ -84,7 +86,7 @@ fn check(r: HipStatus, what: &str) -> anyhow::Result<()> {
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    bail!("{what}: HIP error {r} ({text})")
+    Err(Error::Device { backend: "hip", call: call.to_string(), code: r as i64, message: text })
 }
 
 pub struct HipApi {
@@ -120,13 +122,13 @@ impl HipApi {
         unsafe {
             // Without a GPU (or without /dev/kfd in a container) hipInit fails, with
             // hipErrorNoDevice or hipErrorInvalidDevice depending on the runtime version.
-            check(hipInit(0), "hip backend: no usable AMD GPU (is /dev/kfd passed into the container?): hipInit")?;
+            check(hipInit(0), "hipInit").context("hip backend: no usable AMD GPU (is /dev/kfd passed into the container?)")?;
             let mut count = 0;
             let r = hipGetDeviceCount(&mut count);
             if r == HIP_ERROR_NO_DEVICE || (r == HIP_SUCCESS && count <= 0) {
                 bail!("hip backend: no AMD GPU found (hipGetDeviceCount: no device; is /dev/kfd passed into the container?)");
             }
-            check(r, "hip backend: hipGetDeviceCount")?;
+            check(r, "hipGetDeviceCount")?;
             if index >= count as usize {
                 bail!("hip backend: device {index} asked for, {count} present");
             }
@@ -145,7 +147,7 @@ impl HipApi {
         }
     }
 
-    fn current(&self) -> anyhow::Result<()> {
+    fn current(&self) -> Result<()> {
         // SAFETY: selecting a device that exists.
         check(unsafe { hipSetDevice(self.device) }, "hipSetDevice")
     }
@@ -172,11 +174,15 @@ impl GpuApi for HipApi {
         "waves_per_simd"
     }
 
-    fn alloc(&self, bytes: usize) -> anyhow::Result<DevicePtr> {
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.current()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        check(unsafe { hipMalloc(&mut p, bytes) }, "hipMalloc")?;
+        let r = unsafe { hipMalloc(&mut p, bytes) };
+        if r == HIP_ERROR_OUT_OF_MEMORY {
+            return Err(Error::OutOfMemory { backend: "hip", bytes });
+        }
+        check(r, "hipMalloc")?;
         Ok(p as u64)
     }
 
@@ -187,7 +193,7 @@ impl GpuApi for HipApi {
         }
     }
 
-    fn map_host(&self, bytes: &[u8]) -> anyhow::Result<DevicePtr> {
+    fn map_host(&self, bytes: &[u8]) -> Result<DevicePtr> {
         self.current()?;
         let host = bytes.as_ptr() as *mut c_void;
         let mut dev = std::ptr::null_mut();
@@ -205,13 +211,13 @@ impl GpuApi for HipApi {
         unsafe { hipHostUnregister(host as *mut c_void) };
     }
 
-    fn upload(&self, dst: DevicePtr, src: &[u8]) -> anyhow::Result<()> {
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.current()?;
         // SAFETY: copies from pageable memory are staged before the call returns.
         check(unsafe { hipMemcpyHtoDAsync(dst as *mut c_void, src.as_ptr() as *mut c_void, src.len(), self.stream) }, "hipMemcpyHtoDAsync")
     }
 
-    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> anyhow::Result<()> {
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         self.current()?;
         // SAFETY: dst is valid for its length and we wait for the stream.
         unsafe {
@@ -220,13 +226,13 @@ impl GpuApi for HipApi {
         }
     }
 
-    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.current()?;
         // SAFETY: both are device ranges of at least `bytes`.
         check(unsafe { hipMemcpyDtoDAsync(dst as *mut c_void, src as *mut c_void, bytes, self.stream) }, "hipMemcpyDtoDAsync")
     }
 
-    fn load_module(&self, image: &[u8]) -> anyhow::Result<u64> {
+    fn load_module(&self, image: &[u8]) -> Result<u64> {
         self.current()?;
         let mut m = std::ptr::null_mut();
         // SAFETY: image is a whole code object that outlives the call.
@@ -234,23 +240,16 @@ impl GpuApi for HipApi {
         Ok(m as u64)
     }
 
-    fn function(&self, module: u64, name: &str) -> anyhow::Result<FunctionHandle> {
+    fn function(&self, module: u64, name: &str) -> Result<FunctionHandle> {
         self.current()?;
-        let cname = CString::new(name).context("kernel name")?;
+        let cname = CString::new(name).map_err(|_| Error::invalid("hip", format!("kernel name {name:?} holds a NUL byte")))?;
         let mut f = std::ptr::null_mut();
         // SAFETY: module came from load_module.
         check(unsafe { hipModuleGetFunction(&mut f, module as hipModule_t, cname.as_ptr()) }, "hipModuleGetFunction")?;
         Ok(FunctionHandle(f as u64))
     }
 
-    unsafe fn launch(
-        &self,
-        f: FunctionHandle,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        params: &mut [*mut c_void],
-    ) -> anyhow::Result<()> {
+    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<()> {
         self.current()?;
         check(
             hipModuleLaunchKernel(
@@ -270,7 +269,7 @@ impl GpuApi for HipApi {
         )
     }
 
-    fn event_create(&self) -> anyhow::Result<EventHandle> {
+    fn event_create(&self) -> Result<EventHandle> {
         self.current()?;
         let mut e = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
@@ -278,12 +277,12 @@ impl GpuApi for HipApi {
         Ok(EventHandle(e as u64))
     }
 
-    fn event_record(&self, e: EventHandle) -> anyhow::Result<()> {
+    fn event_record(&self, e: EventHandle) -> Result<()> {
         // SAFETY: e came from event_create.
         check(unsafe { hipEventRecord(e.0 as hipEvent_t, self.stream) }, "hipEventRecord")
     }
 
-    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> anyhow::Result<Duration> {
+    fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> Result<Duration> {
         let mut ms = 0f32;
         // SAFETY: both events were recorded on our drained stream.
         check(unsafe { hipEventElapsedTime(&mut ms, start.0 as hipEvent_t, end.0 as hipEvent_t) }, "hipEventElapsedTime")?;
@@ -295,19 +294,19 @@ impl GpuApi for HipApi {
         unsafe { hipEventDestroy(e.0 as hipEvent_t) };
     }
 
-    fn synchronize(&self) -> anyhow::Result<()> {
+    fn synchronize(&self) -> Result<()> {
         self.current()?;
         // SAFETY: our stream.
         check(unsafe { hipStreamSynchronize(self.stream) }, "hipStreamSynchronize")
     }
 
-    fn capture_begin(&self) -> anyhow::Result<()> {
+    fn capture_begin(&self) -> Result<()> {
         self.current()?;
         // SAFETY: our stream; thread-local capture mode.
         check(unsafe { hipStreamBeginCapture(self.stream, HIP_CAPTURE_THREAD_LOCAL) }, "hipStreamBeginCapture")
     }
 
-    fn capture_end(&self) -> anyhow::Result<GraphHandle> {
+    fn capture_end(&self) -> Result<GraphHandle> {
         self.current()?;
         let mut graph = std::ptr::null_mut();
         // SAFETY: ends our stream's capture; the graph is destroyed once instantiated.
@@ -321,7 +320,7 @@ impl GpuApi for HipApi {
         }
     }
 
-    fn graph_launch(&self, g: GraphHandle) -> anyhow::Result<()> {
+    fn graph_launch(&self, g: GraphHandle) -> Result<()> {
         self.current()?;
         // SAFETY: g came from capture_end and is alive.
         check(unsafe { hipGraphLaunch(g.0 as hipGraphExec_t, self.stream) }, "hipGraphLaunch")

@@ -4,7 +4,7 @@
 //! The kernels are the sources in `kernels/`, built per compiler into a kernel folder
 //! (`make kernels` for AMD code objects, `make kernels-ptx` for NVIDIA PTX).
 //!
-//! Weight formats on the device (chosen at load, see `prepare_weight`):
+//! GpuWeight formats on the device (chosen at load, see `prepare_weight`):
 //! - Q8_0: the raw blocks (decode mat-vec) and the same data split into an int8 plane and an
 //!   f16 scale plane (the W8A8 GEMM of prefill).
 //! - Q5_0: the raw blocks (decode mat-vec) and, like Q8_0, an int8 plane (q - 16, exact) and
@@ -28,7 +28,7 @@ pub mod image_choice;
 mod moe;
 mod repack;
 
-use super::{AttentionShape, Backend, Buffer, RopeStyle, Weight};
+use super::{AttentionShape, Backend, Error, Result, ResultExt, RopeStyle, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
@@ -389,14 +389,15 @@ impl Drop for DevBuf {
     }
 }
 
-/// Element type of a `Buffer` on the GPU.
+/// Element type of a `GpuBuffer` on the GPU.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Elem {
     F32,
     F16,
 }
 
-struct GpuBuffer {
+/// A buffer of the GPU backends: f32 activations, or an f16 K or V cache.
+pub struct GpuBuffer {
     mem: DevBuf,
     elem: Elem,
 }
@@ -420,19 +421,16 @@ enum WeightData {
     Unsliced,
 }
 
-struct GpuWeight {
+/// A weight tensor on the device, in the layout `prepare_weight` chose (and where in the
+/// mapped file it came from: embedding rows and expert slices are read there).
+pub struct DeviceWeight {
     file: Arc<GgufFile>,
     index: usize,
-    data: WeightData,
+    layout: WeightData,
 }
 
-fn gbuf(b: &Buffer) -> &GpuBuffer {
-    b.inner.downcast_ref::<GpuBuffer>().expect("GPU backend got a foreign buffer")
-}
-
-fn gweight(w: &Weight) -> &GpuWeight {
-    w.inner.downcast_ref::<GpuWeight>().expect("GPU backend got a foreign weight")
-}
+/// A weight of the GPU backends.
+pub type GpuWeight = Weight<DeviceWeight>;
 
 /// Kernel arguments: each value in its own 8-byte slot, passed by address.
 #[derive(Default)]
@@ -504,8 +502,6 @@ pub struct GpuBackend<A: GpuApi> {
     pending: Mutex<Vec<PendingTiming>>,
     spare_events: Mutex<Vec<EventHandle>>,
     registered: Mutex<HashSet<(&'static str, &'static str)>>,
-    /// First error of an op since the last `take_error` (ops have no Result).
-    error: Mutex<Option<anyhow::Error>>,
     /// Positions last uploaded (the same for every layer of a step).
     positions: Mutex<Option<Positions>>,
     /// Capture repeated steps into graphs (`GpuOptions::eager` off).
@@ -630,7 +626,6 @@ impl<A: GpuApi> GpuBackend<A> {
             pending: Mutex::new(Vec::new()),
             spare_events: Mutex::new(Vec::new()),
             registered: Mutex::new(HashSet::new()),
-            error: Mutex::new(None),
             positions: Mutex::new(None),
             use_graphs: !opts.eager,
             matvec_family,
@@ -654,21 +649,18 @@ impl<A: GpuApi> GpuBackend<A> {
         &self.kernel_dir
     }
 
-    fn fail(&self, e: anyhow::Error) {
-        let mut slot = self.error.lock();
-        if slot.is_none() {
-            tracing::error!(error = %format!("{e:#}"), "GPU op failed");
-            *slot = Some(e);
-        }
+    /// "cuda" or "hip", for errors.
+    fn be(&self) -> &'static str {
+        self.api.backend_name()
     }
 
-    fn raw_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+    fn raw_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let ptr = self.api.alloc(bytes.max(1))?;
         Ok(DevBuf { ptr, class: bytes, pooled: false, host: 0, pool: self.pool.clone() })
     }
 
     /// The raw blocks of a tensor: mapped in place with `weights = "host"`, else copied.
-    fn raw_weight(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
+    fn raw_weight(&self, bytes: &[u8]) -> Result<DevBuf> {
         if !self.host_weights {
             return self.upload_new(bytes);
         }
@@ -677,37 +669,32 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
-    fn pooled_alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+    fn pooled_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let class = bytes.max(256).next_power_of_two();
         if let Some(ptr) = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop()) {
             return Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() });
         }
-        let ptr = self.api.alloc(class).with_context(|| format!("allocating {class} bytes of GPU memory"))?;
+        let ptr = self.api.alloc(class)?;
         Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() })
     }
 
-    fn upload_new(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
+    fn upload_new(&self, bytes: &[u8]) -> Result<DevBuf> {
         let b = self.raw_alloc(bytes.len())?;
         self.api.upload(b.ptr, bytes)?;
         Ok(b)
     }
 
-    fn scratch(&self, len: usize, elem: Elem) -> anyhow::Result<GpuBuffer> {
+    fn scratch(&self, len: usize, elem: Elem) -> Result<GpuBuffer> {
         let bytes = len * if elem == Elem::F32 { 4 } else { 2 };
         Ok(GpuBuffer { mem: self.pooled_alloc(bytes)?, elem })
     }
 
-    /// Queues one kernel, timing it with an event pair when the registry samples this call.
-    fn launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) {
-        if let Err(e) = self.try_launch(name, rows, grid, args) {
-            self.fail(e);
-        }
-    }
-
-    fn try_launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) -> anyhow::Result<()> {
+    /// Records one kernel launch on the step's tape, or queues it at once without graphs
+    /// (timing it with an event pair when the registry samples this call).
+    fn launch(&self, name: &'static str, rows: usize, grid: [usize; 3], args: Args) -> Result<()> {
         // This launch may write the normalised buffer: its q8_1 copy would be stale.
         drop(self.fresh_q8.lock().take());
-        let k = *self.kernels.get(name).with_context(|| format!("kernel {name} is not loaded"))?;
+        let k = *self.kernels.get(name).ok_or_else(|| Error::unsupported(self.be(), format!("kernel {name} (not loaded)")))?;
         let shape = shape_class(rows);
         let backend = self.api.backend_name();
         if self.registered.lock().insert((name, shape)) {
@@ -718,7 +705,12 @@ impl<A: GpuApi> GpuBackend<A> {
                 kernel_registry::set_resources(name, shape, backend, self.variant, res);
             }
         }
-        let grid = grid.map(|g| u32::try_from(g.max(1)).expect("grid dimension exceeds u32"));
+        let mut dims = [1u32; 3];
+        for (d, g) in dims.iter_mut().zip(grid) {
+            *d =
+                u32::try_from(g.max(1)).map_err(|_| Error::invalid(self.be(), format!("kernel {name}: grid dimension {g} exceeds u32")))?;
+        }
+        let grid = dims;
         let op = LaunchOp { kernel: name, shape, f: k.f, grid, block: [k.threads, 1, 1], slots: args.slots };
         if self.use_graphs {
             let mut tape = self.tape.lock();
@@ -731,7 +723,7 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// Queues one launch, timing it with an event pair when the registry samples this call.
-    fn queue_sampled(&self, op: &LaunchOp) -> anyhow::Result<()> {
+    fn queue_sampled(&self, op: &LaunchOp) -> Result<()> {
         let timed = kernel_registry::should_sample(op.kernel, op.shape, self.api.backend_name(), self.variant);
         let events = if timed { Some((self.event()?, self.event()?)) } else { None };
         if let Some((start, _)) = events {
@@ -746,7 +738,7 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// Queues one launch as it is.
-    fn queue(&self, op: &LaunchOp) -> anyhow::Result<()> {
+    fn queue(&self, op: &LaunchOp) -> Result<()> {
         let mut slots = op.slots.clone();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         // SAFETY: every call site passes the arguments of the kernel's signature in order,
@@ -755,7 +747,7 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// A device-to-device copy: on the tape, or queued at once without graphs.
-    fn copy_op(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> anyhow::Result<()> {
+    fn copy_op(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         drop(self.fresh_q8.lock().take());
         if self.use_graphs {
             self.tape.lock().ops.push(Op::Copy { dst, src, bytes });
@@ -767,21 +759,19 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// Queues the recorded work of the step: replaying its graph, capturing one, or eagerly.
     /// Called before anything else touches the stream (uploads, downloads, waits).
-    fn flush(&self) {
+    fn flush(&self) -> Result<()> {
         let ops = {
             let mut tape = self.tape.lock();
             tape.reads_positions = false;
             std::mem::take(&mut tape.ops)
         };
         if ops.is_empty() {
-            return;
+            return Ok(());
         }
-        if let Err(e) = self.run_tape(ops) {
-            self.fail(e);
-        }
+        self.run_tape(ops)
     }
 
-    fn run_tape(&self, ops: Vec<Op>) -> anyhow::Result<()> {
+    fn run_tape(&self, ops: Vec<Op>) -> Result<()> {
         let hash = graph::tape_hash(&ops);
         let mut graphs = self.graphs.lock();
         match graphs.decide(&ops, hash) {
@@ -811,7 +801,7 @@ impl<A: GpuApi> GpuBackend<A> {
         }
     }
 
-    fn queue_eager(&self, ops: &[Op]) -> anyhow::Result<()> {
+    fn queue_eager(&self, ops: &[Op]) -> Result<()> {
         for op in ops {
             match op {
                 Op::Launch(l) => self.queue_sampled(l)?,
@@ -822,10 +812,10 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// Captures `ops` into a graph; with `events`, an event pair around each launch.
-    fn capture(&self, ops: &[Op], events: Option<&[(EventHandle, EventHandle)]>) -> anyhow::Result<GraphHandle> {
+    fn capture(&self, ops: &[Op], events: Option<&[(EventHandle, EventHandle)]>) -> Result<GraphHandle> {
         self.api.capture_begin()?;
         let mut pairs = events.map(|e| e.iter());
-        let queued = (|| -> anyhow::Result<()> {
+        let queued = (|| -> Result<()> {
             for op in ops {
                 match op {
                     Op::Launch(l) => {
@@ -857,7 +847,7 @@ impl<A: GpuApi> GpuBackend<A> {
     /// Queues one run of a captured step. With kernel timing on, every `sample_every`-th
     /// replay runs the entry's timed graph (an event pair around each launch), so the
     /// fraction of launches timed stays the configured rate; every launch is counted.
-    fn replay(&self, graphs: &mut GraphCache, i: usize) -> anyhow::Result<()> {
+    fn replay(&self, graphs: &mut GraphCache, i: usize) -> Result<()> {
         let backend = self.api.backend_name();
         let every = kernel_registry::sample_every();
         let timing_ok = !self.graph_timing_broken.load(std::sync::atomic::Ordering::Relaxed);
@@ -923,7 +913,7 @@ impl<A: GpuApi> GpuBackend<A> {
         rows.iter().enumerate().all(|(i, &v)| v as usize == start + i).then(|| p.buf.ptr + first_row as u64 * 4)
     }
 
-    fn event(&self) -> anyhow::Result<EventHandle> {
+    fn event(&self) -> Result<EventHandle> {
         match self.spare_events.lock().pop() {
             Some(e) => Ok(e),
             None => self.api.event_create(),
@@ -952,25 +942,25 @@ impl<A: GpuApi> GpuBackend<A> {
         }
     }
 
-    fn elementwise(&self, name: &'static str, n: usize, args: Args) {
-        self.launch(name, 1, [n.div_ceil(256), 1, 1], args);
+    fn elementwise(&self, name: &'static str, n: usize, args: Args) -> Result<()> {
+        self.launch(name, 1, [n.div_ceil(256), 1, 1], args)
     }
 
     /// f32 activations -> a pooled f16 copy (GEMM input).
-    fn to_f16(&self, x: &GpuBuffer, n: usize) -> anyhow::Result<GpuBuffer> {
+    fn to_f16(&self, x: &GpuBuffer, n: usize) -> Result<GpuBuffer> {
         let h = self.scratch(n, Elem::F16)?;
-        self.elementwise("f32_to_f16", n, Args::default().ptr(x.mem.ptr).ptr(h.mem.ptr).i32(n));
+        self.elementwise("f32_to_f16", n, Args::default().ptr(x.mem.ptr).ptr(h.mem.ptr).i32(n))?;
         Ok(h)
     }
 
-    fn try_matmul(&self, w: &Weight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> anyhow::Result<()> {
+    fn try_matmul(&self, w: &GpuWeight, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
-        let gw = gweight(w);
+        let gw = &w.data;
         if let Some(mw) = self.matvec_weight(w, rows) {
             return self.matvec(&[(mw, out.mem.ptr, n)], x.mem.ptr, 0, k, rows, false);
         }
         if let Some((name, blocks)) = matvec_q5_kernel(w).filter(|_| rows <= MATVEC_MAX_ROWS) {
-            self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k));
+            self.launch(name, rows, [n.div_ceil(4), rows, 1], Args::default().ptr(blocks).ptr(x.mem.ptr).ptr(out.mem.ptr).i32(n).i32(k))?;
             return Ok(());
         }
         let big = match self.gemm_tile {
@@ -978,7 +968,7 @@ impl<A: GpuApi> GpuBackend<A> {
             GemmTile::T64 => false,
             GemmTile::T128 => true,
         };
-        match &gw.data {
+        match &gw.layout {
             WeightData::Q8_0 { qs, scales, .. } => {
                 let xq = self.pooled_alloc(rows * k)?;
                 let xs = self.scratch(rows * k / 32, Elem::F32)?;
@@ -988,14 +978,14 @@ impl<A: GpuApi> GpuBackend<A> {
                     rows,
                     [nblocks.div_ceil(8), 1, 1],
                     Args::default().ptr(x.mem.ptr).ptr(xq.ptr).ptr(xs.mem.ptr).i32(rows * k),
-                );
+                )?;
                 let (name, bm, bn) = if big { ("gemm_w8a8_128x128", 128, 128) } else { ("gemm_w8a8_64x64", 64, 64) };
                 self.launch(
                     name,
                     rows,
                     [n.div_ceil(bn), rows.div_ceil(bm), 1],
                     Args::default().ptr(xq.ptr).ptr(xs.mem.ptr).ptr(qs.ptr).ptr(scales.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
-                );
+                )?;
             }
             WeightData::KQuant { f16, .. } | WeightData::F16(f16) => {
                 let xh = self.to_f16(x, rows * k)?;
@@ -1005,11 +995,18 @@ impl<A: GpuApi> GpuBackend<A> {
                     rows,
                     [n.div_ceil(bn), rows.div_ceil(bm), 1],
                     Args::default().ptr(xh.mem.ptr).ptr(f16.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
-                );
+                )?;
             }
-            WeightData::Vector(wv) if moe::is_router(&w.name) => self.router_matmul(w, wv, x, rows, out),
-            WeightData::Vector(_) => bail!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name),
-            WeightData::Unsliced => bail!("tensor \"{}\" is a 3-D expert tensor, multiplied one expert at a time", w.name),
+            WeightData::Vector(wv) if moe::is_router(&w.name) => self.router_matmul(w, wv, x, rows, out)?,
+            WeightData::Vector(_) => {
+                return Err(Error::invalid(self.be(), format!("tensor \"{}\" is 1-D and cannot be a matmul weight", w.name)))
+            }
+            WeightData::Unsliced => {
+                return Err(Error::invalid(
+                    self.be(),
+                    format!("tensor \"{}\" is a 3-D expert tensor, multiplied one expert at a time", w.name),
+                ))
+            }
         }
         Ok(())
     }
@@ -1027,7 +1024,7 @@ impl<A: GpuApi> GpuBackend<A> {
         k: usize,
         rows: usize,
         accumulate: bool,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         debug_assert!((1..=3).contains(&parts.len()) && rows <= DP4A_MAX_ROWS);
         let kind = parts[0].0.kind;
         debug_assert!(parts.iter().all(|p| p.0.kind == kind));
@@ -1053,7 +1050,7 @@ impl<A: GpuApi> GpuBackend<A> {
                 args = args.ptr(wp).ptr(yp).i32(n);
             }
             let args = args.ptr(x).ptr(up).i32(k).i32(rows).i32(usize::from(accumulate));
-            self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args);
+            self.launch(name, rows, [total.div_ceil(4), rows.div_ceil(per_group), 1], args)?;
             return Ok(());
         }
         // The input as q8_1: from the RMSNorm that just wrote it, else one quantiser launch.
@@ -1069,7 +1066,7 @@ impl<A: GpuApi> GpuBackend<A> {
                     rows,
                     [blocks.div_ceil(8), 1, 1],
                     Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(rows * k),
-                );
+                )?;
                 (xq, xds)
             }
         };
@@ -1083,15 +1080,15 @@ impl<A: GpuApi> GpuBackend<A> {
             args = args.ptr(wp).ptr(sp).ptr(yp).i32(n);
         }
         let args = args.ptr(xq.ptr).ptr(xds.mem.ptr).i32(k).i32(rows).i32(usize::from(accumulate));
-        self.launch(name, rows, [total.div_ceil(128 / lanes), rows.div_ceil(per_group), 1], args);
+        self.launch(name, rows, [total.div_ceil(128 / lanes), rows.div_ceil(per_group), 1], args)?;
         Ok(())
     }
 
     /// The decode mat-vec layout of a weight and its device pointers, if its type has one and
     /// `rows` activation rows are few enough for it (`MATVEC_MAX_ROWS`, `DP4A_MAX_ROWS`).
-    fn matvec_weight(&self, w: &Weight, rows: usize) -> Option<MatvecWeight> {
+    fn matvec_weight(&self, w: &GpuWeight, rows: usize) -> Option<MatvecWeight> {
         let dp4a = matches!(self.matvec_family, MatvecFamily::Dp4a { .. });
-        let (kind, wp, sp) = match (&gweight(w).data, w.ggml_type) {
+        let (kind, wp, sp) = match (&w.data.layout, w.ggml_type) {
             (WeightData::Q8_0 { qs, scales, .. }, GgmlType::Q8_0 | GgmlType::Q5_0) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
             (WeightData::Q8_0 { blocks, .. }, GgmlType::Q8_0) => (MatvecKind::Q8_0Blocks, blocks.ptr, 0),
             (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) if dp4a => (MatvecKind::Q4KDp4a, blocks.ptr, 0),
@@ -1103,7 +1100,7 @@ impl<A: GpuApi> GpuBackend<A> {
         (rows <= max_rows).then_some(MatvecWeight { kind, w: wp, s: sp })
     }
 
-    fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> anyhow::Result<WeightData> {
+    fn prepare_weight(&self, file: &GgufFile, index: usize, rows: usize, cols: usize) -> Result<WeightData> {
         let info = &file.tensors[index];
         if info.dims.len() == 3 {
             return Ok(WeightData::Unsliced);
@@ -1114,27 +1111,34 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// `rows` x `cols` of type `t` in the device layouts above; `f32_whole`: dequantised to f32
     /// (1-D tensors, routers), as is any single row.
-    fn prepare_rows(&self, name: &str, t: GgmlType, bytes: &[u8], rows: usize, cols: usize, f32_whole: bool) -> anyhow::Result<WeightData> {
+    fn prepare_rows(&self, name: &str, t: GgmlType, bytes: &[u8], rows: usize, cols: usize, f32_whole: bool) -> Result<WeightData> {
+        let dequant_error = |e: anyhow::Error| Error::Tensor { name: name.to_string(), message: format!("{e:#}") };
         if f32_whole || rows == 1 {
             let mut v = vec![0f32; rows * cols];
-            quant::dequantize_row(t, bytes, &mut v)?;
+            quant::dequantize_row(t, bytes, &mut v).map_err(dequant_error)?;
             return self.upload_new(bytemuck_f32(&v)).map(WeightData::Vector);
         }
         let row_bytes = bytes.len() / rows;
-        let dequant_f16 = || -> anyhow::Result<Vec<u16>> {
+        let dequant_f16 = || -> Result<Vec<u16>> {
             let mut out = vec![0u16; rows * cols];
-            out.par_chunks_mut(cols).zip(bytes.par_chunks(row_bytes)).try_for_each(|(dst, src)| -> anyhow::Result<()> {
-                let mut tmp = vec![0f32; cols];
-                quant::dequantize_row(t, src, &mut tmp)?;
-                for (d, s) in dst.iter_mut().zip(&tmp) {
-                    *d = half::f16::from_f32(*s).to_bits();
-                }
-                Ok(())
-            })?;
+            out.par_chunks_mut(cols)
+                .zip(bytes.par_chunks(row_bytes))
+                .try_for_each(|(dst, src)| -> anyhow::Result<()> {
+                    let mut tmp = vec![0f32; cols];
+                    quant::dequantize_row(t, src, &mut tmp)?;
+                    for (d, s) in dst.iter_mut().zip(&tmp) {
+                        *d = half::f16::from_f32(*s).to_bits();
+                    }
+                    Ok(())
+                })
+                .map_err(dequant_error)?;
             Ok(out)
         };
         if !cols.is_multiple_of(32) {
-            bail!("tensor \"{name}\": {cols} columns, the GPU kernels need a multiple of 32");
+            return Err(Error::unsupported(
+                self.be(),
+                format!("tensor \"{name}\" of {cols} columns (the GPU kernels need a multiple of 32)"),
+            ));
         }
         Ok(match t {
             GgmlType::Q8_0 => {
@@ -1150,13 +1154,13 @@ impl<A: GpuApi> GpuBackend<A> {
                 WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
             }
             GgmlType::Q5_0 => {
-                let (qs, scales) = repack::q5_0_int8_planes(bytes)?;
+                let (qs, scales) = repack::q5_0_int8_planes(bytes).map_err(dequant_error)?;
                 WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
             }
             GgmlType::Q5_1 => WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? },
             GgmlType::Q4_K | GgmlType::Q6_K => {
                 if !cols.is_multiple_of(256) {
-                    bail!("tensor \"{name}\": {cols} columns is not a multiple of 256");
+                    return Err(Error::unsupported(self.be(), format!("tensor \"{name}\" of {cols} columns (not a multiple of 256)")));
                 }
                 WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
             }
@@ -1167,8 +1171,8 @@ impl<A: GpuApi> GpuBackend<A> {
 
 /// Q5_0 / Q5_1 decode (kernels/matvec_q5.hip): one weight, rows on the grid's y axis, none of
 /// the fused multi-matrix / accumulate arguments of `GpuBackend::matvec`.
-fn matvec_q5_kernel(w: &Weight) -> Option<(&'static str, DevicePtr)> {
-    let blocks = match &gweight(w).data {
+fn matvec_q5_kernel(w: &GpuWeight) -> Option<(&'static str, DevicePtr)> {
+    let blocks = match &w.data.layout {
         WeightData::Q8_0 { blocks, .. } | WeightData::KQuant { blocks, .. } => blocks.ptr,
         _ => return None,
     };
@@ -1217,6 +1221,10 @@ fn bytemuck_u16(v: &[u16]) -> &[u8] {
 }
 
 impl<A: GpuApi> Backend for GpuBackend<A> {
+    type Buffer = GpuBuffer;
+    type KvBuffer = GpuBuffer;
+    type WeightData = DeviceWeight;
+
     fn name(&self) -> &'static str {
         self.api.backend_name()
     }
@@ -1229,82 +1237,81 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         quant::supports(t)
     }
 
-    fn check_model(&self, hp: &HParams) -> anyhow::Result<()> {
+    fn check_model(&self, hp: &HParams) -> Result<()> {
         if let Some(why) = moe::refusal(hp, self.moe) {
-            bail!("{} backend: {why}", self.api.backend_name());
+            return Err(Error::unsupported(self.be(), why));
         }
         if let Some(s) = &hp.rope_scaling {
-            bail!(
-                "{} backend: RoPE scaling ({:?}, factor {}) runs on the CPU backend only so far",
-                self.api.backend_name(),
-                s.kind,
-                s.factor
-            );
+            return Err(Error::unsupported(
+                self.be(),
+                format!("RoPE scaling ({:?}, factor {}; the CPU backend runs it)", s.kind, s.factor),
+            ));
         }
         if !matches!(hp.head_dim, 64 | 128 | 256) {
-            bail!("{} backend: head_dim {} has no attention kernel (64, 128 and 256 are built)", self.api.backend_name(), hp.head_dim);
+            return Err(Error::unsupported(
+                self.be(),
+                format!("head_dim {} (attention kernels are built for 64, 128 and 256)", hp.head_dim),
+            ));
         }
         if !hp.n_head.is_multiple_of(hp.n_head_kv) {
-            bail!("{} backend: {} query heads are not a multiple of {} KV heads", self.api.backend_name(), hp.n_head, hp.n_head_kv);
+            return Err(Error::unsupported(
+                self.be(),
+                format!("{} query heads over {} KV heads (not a multiple)", hp.n_head, hp.n_head_kv),
+            ));
         }
         Ok(())
     }
 
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> anyhow::Result<Weight> {
+    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
         let index = file
             .tensors
             .iter()
             .position(|t| t.name == name)
-            .with_context(|| format!("{}: tensor \"{name}\" is missing", file.path.display()))?;
+            .ok_or_else(|| Error::Tensor { name: name.to_string(), message: format!("missing from {}", file.path.display()) })?;
         let info = &file.tensors[index];
         if !quant::supports(info.ggml_type) {
-            bail!("{}: tensor \"{name}\" has type {} which the GPU backend does not support", file.path.display(), info.ggml_type);
+            return Err(Error::unsupported(self.be(), format!("tensor \"{name}\" of {}: type {}", file.path.display(), info.ggml_type)));
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
-        let data = self.prepare_weight(file, index, rows, cols).with_context(|| format!("uploading tensor \"{name}\""))?;
+        let layout = self.prepare_weight(file, index, rows, cols).while_doing(|| format!("uploading tensor \"{name}\""))?;
         Ok(Weight {
             name: name.to_string(),
             ggml_type: info.ggml_type,
             rows,
             cols,
-            inner: Box::new(GpuWeight { file: file.clone(), index, data }),
+            data: DeviceWeight { file: file.clone(), index, layout },
         })
     }
 
-    fn alloc(&self, len: usize) -> anyhow::Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(self.scratch(len, Elem::F32)?) })
+    fn alloc(&self, len: usize) -> Result<Self::Buffer> {
+        self.scratch(len, Elem::F32)
     }
 
-    fn alloc_kv_cache(&self, len: usize) -> anyhow::Result<Buffer> {
-        Ok(Buffer { len, inner: Box::new(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 }) })
+    fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer> {
+        Ok(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 })
     }
 
     fn kv_cache_elem_bytes(&self) -> usize {
         2
     }
 
-    fn write(&self, dst: &mut Buffer, offset: usize, src: &[f32]) {
+    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<()> {
         drop(self.fresh_q8.lock().take());
-        self.flush();
-        let b = gbuf(dst);
-        if let Err(e) = self.api.upload(b.mem.ptr + offset as u64 * 4, bytemuck_f32(src)) {
-            self.fail(e);
-        }
+        self.flush()?;
+        self.api.upload(dst.mem.ptr + offset as u64 * 4, bytemuck_f32(src))
     }
 
-    fn read(&self, src: &Buffer, offset: usize, dst: &mut [f32]) {
-        self.flush();
-        let b = gbuf(src);
-        if let Err(e) = self.api.download(b.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst)) {
-            self.fail(e);
-        }
+    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<()> {
+        self.flush()?;
+        self.api.download(src.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst))?;
         self.resolve_timings();
+        Ok(())
     }
 
-    fn embed(&self, table: &Weight, tokens: &[u32], out: &mut Buffer) -> anyhow::Result<()> {
+    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> Result<()> {
         // The lookup runs on the host from the mapped file: a few rows, no kernel needed.
-        let w = gweight(table);
+        let w = &table.data;
         let info = &w.file.tensors[w.index];
         let bytes = w.file.tensor_data(info);
         let row_bytes = bytes.len() / table.rows;
@@ -1312,50 +1319,44 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         for (t, dst) in tokens.iter().zip(host.chunks_mut(table.cols)) {
             let t = *t as usize;
             if t >= table.rows {
-                bail!("token id {t} is outside the vocabulary of {}", table.rows);
+                return Err(Error::invalid(self.be(), format!("token id {t} is outside the vocabulary of {}", table.rows)));
             }
-            quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)?;
+            quant::dequantize_row(table.ggml_type, &bytes[t * row_bytes..(t + 1) * row_bytes], dst)
+                .map_err(|e| Error::Tensor { name: table.name.clone(), message: format!("{e:#}") })?;
         }
         drop(self.fresh_q8.lock().take());
-        self.flush();
-        self.api.upload(gbuf(out).mem.ptr, bytemuck_f32(&host))
+        self.flush()?;
+        self.api.upload(out.mem.ptr, bytemuck_f32(&host))
     }
 
-    fn rmsnorm(&self, x: &Buffer, w: &Weight, rows: usize, dim: usize, eps: f32, out: &mut Buffer) {
-        let WeightData::Vector(wv) = &gweight(w).data else {
-            return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
+    fn rmsnorm(&self, x: &Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32, out: &mut Self::Buffer) -> Result<()> {
+        let WeightData::Vector(wv) = &w.data.layout else {
+            return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
-        let args = Args::default().ptr(gbuf(x).mem.ptr).ptr(wv.ptr).ptr(gbuf(out).mem.ptr).i32(dim).f32(eps);
+        let args = Args::default().ptr(x.mem.ptr).ptr(wv.ptr).ptr(out.mem.ptr).i32(dim).f32(eps);
         // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
         if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= self.dp4a_max_rows && dim.is_multiple_of(32) {
-            let quantised = self.pooled_alloc(rows * dim).and_then(|q| Ok((q, self.scratch(rows * dim / 16, Elem::F32)?)));
-            match quantised {
-                Ok((q, ds)) => {
-                    self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr));
-                    *self.fresh_q8.lock() = Some(FreshQ8 { x: gbuf(out).mem.ptr, len: rows * dim, q, ds });
-                }
-                Err(e) => self.fail(e),
-            }
-            return;
+            let (q, ds) = (self.pooled_alloc(rows * dim)?, self.scratch(rows * dim / 16, Elem::F32)?);
+            self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr))?;
+            *self.fresh_q8.lock() = Some(FreshQ8 { x: out.mem.ptr, len: rows * dim, q, ds });
+            return Ok(());
         }
-        self.launch("rmsnorm", rows, [rows, 1, 1], args);
+        self.launch("rmsnorm", rows, [rows, 1, 1], args)
     }
 
-    fn rmsnorm_inplace(&self, x: &mut Buffer, w: &Weight, rows: usize, dim: usize, eps: f32) {
-        let WeightData::Vector(wv) = &gweight(w).data else {
-            return self.fail(anyhow::anyhow!("norm weight \"{}\" is not 1-D", w.name));
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        let WeightData::Vector(wv) = &w.data.layout else {
+            return Err(Error::invalid(self.be(), format!("norm weight \"{}\" is not 1-D", w.name)));
         };
-        let p = gbuf(x).mem.ptr;
-        self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(p).ptr(wv.ptr).ptr(p).i32(dim).f32(eps));
+        let p = x.mem.ptr;
+        self.launch("rmsnorm", rows, [rows, 1, 1], Args::default().ptr(p).ptr(wv.ptr).ptr(p).i32(dim).f32(eps))
     }
 
-    fn matmul(&self, w: &Weight, x: &Buffer, rows: usize, out: &mut Buffer) {
-        if let Err(e) = self.try_matmul(w, gbuf(x), rows, gbuf(out)) {
-            self.fail(e);
-        }
+    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
+        self.try_matmul(w, x, rows, out)
     }
 
-    fn matmul_many(&self, ws: &[&Weight], x: &Buffer, rows: usize, outs: &mut [&mut Buffer]) {
+    fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         // q, k, v (or gate, up) of the same layout in one mat-vec launch.
         let mws: Vec<_> = ws.iter().map(|w| self.matvec_weight(w, rows)).collect();
         let kind = mws.first().copied().flatten().map(|m| m.kind);
@@ -1365,53 +1366,64 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             && ws.iter().all(|w| w.cols == ws[0].cols);
         if !same {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul(w, x, rows, out);
+                self.matmul(w, x, rows, out)?;
             }
-            return;
+            return Ok(());
         }
-        let parts: Vec<_> =
-            ws.iter().zip(outs.iter()).zip(&mws).map(|((w, out), m)| (m.expect("checked"), gbuf(out).mem.ptr, w.rows)).collect();
-        if let Err(e) = self.matvec(&parts, gbuf(x).mem.ptr, 0, ws[0].cols, rows, false) {
-            self.fail(e);
-        }
+        let parts: Vec<_> = ws.iter().zip(outs.iter()).zip(&mws).map(|((w, out), m)| (m.expect("checked"), out.mem.ptr, w.rows)).collect();
+        self.matvec(&parts, x.mem.ptr, 0, ws[0].cols, rows, false)
     }
 
-    fn matmul_add(&self, w: &Weight, x: &mut Buffer, up: Option<&Buffer>, rows: usize, out: &mut Buffer, scratch: &mut Buffer) {
+    fn matmul_add(
+        &self,
+        w: &WeightOf<Self>,
+        x: &mut Self::Buffer,
+        up: Option<&Self::Buffer>,
+        rows: usize,
+        out: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+    ) -> Result<()> {
         match self.matvec_weight(w, rows) {
             // out += W (silu(x) * up): SwiGLU and the residual add in the mat-vec launch(es).
             Some(mw) => {
-                let up = up.map(|u| gbuf(u).mem.ptr).unwrap_or(0);
-                if let Err(e) = self.matvec(&[(mw, gbuf(out).mem.ptr, w.rows)], gbuf(x).mem.ptr, up, w.cols, rows, true) {
-                    self.fail(e);
-                }
+                let up = up.map(|u| u.mem.ptr).unwrap_or(0);
+                self.matvec(&[(mw, out.mem.ptr, w.rows)], x.mem.ptr, up, w.cols, rows, true)
             }
             None => {
                 if let Some(up) = up {
-                    self.silu_mul(x, up, rows * w.cols);
+                    self.silu_mul(x, up, rows * w.cols)?;
                 }
-                self.matmul(w, x, rows, scratch);
-                self.add(out, scratch, rows * w.rows);
+                self.matmul(w, x, rows, scratch)?;
+                self.add(out, scratch, rows * w.rows)
             }
         }
     }
 
-    fn add_bias(&self, x: &mut Buffer, b: &Weight, rows: usize) {
-        let WeightData::Vector(bv) = &gweight(b).data else {
-            return self.fail(anyhow::anyhow!("bias \"{}\" is not 1-D", b.name));
+    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> Result<()> {
+        let WeightData::Vector(bv) = &b.data.layout else {
+            return Err(Error::invalid(self.be(), format!("bias \"{}\" is not 1-D", b.name)));
         };
         let width = b.rows * b.cols;
-        self.elementwise("add_bias", rows * width, Args::default().ptr(gbuf(x).mem.ptr).ptr(bv.ptr).i32(rows * width).i32(width));
+        self.elementwise("add_bias", rows * width, Args::default().ptr(x.mem.ptr).ptr(bv.ptr).i32(rows * width).i32(width))
     }
 
-    fn rope(&self, x: &mut Buffer, positions: &[u32], n_heads: usize, head_dim: usize, freq_base: f32, style: RopeStyle) {
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+    ) -> Result<()> {
         let mut cached = self.positions.lock();
         if cached.as_ref().is_none_or(|p| p.values.as_slice() != positions) {
             // Recorded launches that read the old positions (or the old buffer) go first.
             let grow = cached.as_ref().is_none_or(|p| p.capacity < positions.len());
             if grow || self.tape.lock().reads_positions {
-                self.flush();
+                self.flush()?;
             }
-            let upload = |cached: &mut Option<Positions>| -> anyhow::Result<()> {
+            let upload = |cached: &mut Option<Positions>| -> Result<()> {
                 if grow {
                     let capacity = positions.len().max(64).next_power_of_two();
                     *cached = None; // the old buffer is freed before the new one is made
@@ -1425,7 +1437,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             };
             if let Err(e) = upload(&mut cached) {
                 *cached = None;
-                return self.fail(e);
+                return Err(e);
             }
         }
         let pos = cached.as_ref().map(|p| p.buf.ptr).unwrap_or(0);
@@ -1436,82 +1448,83 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             name,
             positions.len(),
             [pairs.div_ceil(256), positions.len(), 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
-        );
+            Args::default().ptr(x.mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
+        )
     }
 
     fn kv_store(
         &self,
-        k: &Buffer,
-        v: &Buffer,
-        k_cache: &mut Buffer,
-        v_cache: &mut Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
         src_row: usize,
         start_pos: usize,
         n_tokens: usize,
         kv_dim: usize,
-    ) {
+    ) -> Result<()> {
         let n = n_tokens * kv_dim;
         let off = (start_pos * kv_dim * 2) as u64;
         let src_off = (src_row * kv_dim * 4) as u64;
         if let Some(pos) = self.positions_at(src_row, start_pos, n_tokens) {
             // The cache rows come from the positions on the device: one launch for k and v,
             // the same arguments at every decode step.
-            self.launch(
+            return self.launch(
                 "kv_store_f16",
                 n_tokens,
                 [kv_dim.div_ceil(256), n_tokens, 2],
                 Args::default()
-                    .ptr(gbuf(k).mem.ptr + src_off)
-                    .ptr(gbuf(v).mem.ptr + src_off)
-                    .ptr(gbuf(k_cache).mem.ptr)
-                    .ptr(gbuf(v_cache).mem.ptr)
+                    .ptr(k.mem.ptr + src_off)
+                    .ptr(v.mem.ptr + src_off)
+                    .ptr(k_cache.mem.ptr)
+                    .ptr(v_cache.mem.ptr)
                     .ptr(pos)
                     .i32(kv_dim),
             );
-            return;
         }
         for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
-            debug_assert_eq!(gbuf(dst).elem, Elem::F16);
+            debug_assert_eq!(dst.elem, Elem::F16);
             self.launch(
                 "f32_to_f16",
                 n_tokens,
                 [n.div_ceil(256), 1, 1],
-                Args::default().ptr(gbuf(src).mem.ptr + src_off).ptr(gbuf(dst).mem.ptr + off).i32(n),
-            );
+                Args::default().ptr(src.mem.ptr + src_off).ptr(dst.mem.ptr + off).i32(n),
+            )?;
         }
+        Ok(())
     }
 
     fn decode_attention_batch(
         &self,
-        q: &Buffer,
-        k: &Buffer,
-        v: &Buffer,
-        caches: &mut [(&mut Buffer, &mut Buffer)],
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        caches: &mut [(&mut Self::KvBuffer, &mut Self::KvBuffer)],
         start_pos: &[usize],
         shape: AttentionShape,
-        out: &mut Buffer,
-    ) -> bool {
-        match self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out) {
-            Ok(done) => done,
-            Err(e) => {
-                self.fail(e);
-                true // the error is returned by the pass; the per-sequence calls would not help
-            }
-        }
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
+        self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out)
     }
 
-    fn attention(&self, q: &Buffer, k_cache: &Buffer, v_cache: &Buffer, s: AttentionShape, out: &mut Buffer) {
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        s: AttentionShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let keys = s.start_pos + s.n_tokens;
         // This sequence's rows of q and out (f32, n_head * head_dim wide).
         let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
-        let (q, kc, vc, o) = (gbuf(q).mem.ptr + row_off, gbuf(k_cache).mem.ptr, gbuf(v_cache).mem.ptr, gbuf(out).mem.ptr + row_off);
+        let (q, kc, vc, o) = (q.mem.ptr + row_off, k_cache.mem.ptr, v_cache.mem.ptr, out.mem.ptr + row_off);
         let (decode, decode_pos, prefill) = match s.head_dim {
             64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
             128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
             256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
-            d => return self.fail(anyhow::anyhow!("no attention kernel for head_dim {d}")),
+            d => return Err(Error::unsupported(self.be(), format!("attention of head_dim {d}"))),
         };
         // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
         // captured decode graph) is the same at every step. A windowed layer's key range
@@ -1526,7 +1539,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                 1,
                 [s.n_head, 1, 1],
                 Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
-            );
+            )
         } else if s.n_tokens == 1 {
             // A sliding window on decode: the query sees the last `window` keys, so the kernel
             // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
@@ -1545,7 +1558,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                     .i32(s.n_head)
                     .i32(s.n_head_kv)
                     .f32(scale),
-            );
+            )
         } else {
             self.launch(
                 prefill,
@@ -1563,73 +1576,58 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                     .i32(s.start_pos)
                     .f32(scale)
                     .i32(s.window.unwrap_or(0)),
-            );
+            )
         }
     }
 
-    fn silu_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        let g = gbuf(gate).mem.ptr;
-        self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n));
+    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let g = gate.mem.ptr;
+        self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
     }
 
-    fn gelu_tanh_mul(&self, gate: &mut Buffer, up: &Buffer, n: usize) {
-        let g = gbuf(gate).mem.ptr;
-        self.elementwise("gelu_tanh_mul", n, Args::default().ptr(g).ptr(gbuf(up).mem.ptr).ptr(g).i32(n));
+    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let g = gate.mem.ptr;
+        self.elementwise("gelu_tanh_mul", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
     }
 
-    fn scale(&self, x: &mut Buffer, n: usize, s: f32) {
-        self.elementwise("scale", n, Args::default().ptr(gbuf(x).mem.ptr).i32(n).f32(s));
+    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> Result<()> {
+        self.elementwise("scale", n, Args::default().ptr(x.mem.ptr).i32(n).f32(s))
     }
 
-    fn add(&self, x: &mut Buffer, y: &Buffer, n: usize) {
-        self.elementwise("add", n, Args::default().ptr(gbuf(x).mem.ptr).ptr(gbuf(y).mem.ptr).i32(n));
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()> {
+        self.elementwise("add", n, Args::default().ptr(x.mem.ptr).ptr(y.mem.ptr).i32(n))
     }
 
-    fn copy_row(&self, src: &Buffer, src_row: usize, dim: usize, dst: &mut Buffer) {
-        if let Err(e) = self.copy_op(gbuf(dst).mem.ptr, gbuf(src).mem.ptr + (src_row * dim * 4) as u64, dim * 4) {
-            self.fail(e);
-        }
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        self.copy_op(dst.mem.ptr, src.mem.ptr + (src_row * dim * 4) as u64, dim * 4)
     }
 
-    fn gather_rows(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) {
-        if let Err(e) = self.gather_rows_dev(src, rows, dim, dst) {
-            self.fail(e);
-        }
+    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        self.gather_rows_dev(src, rows, dim, dst)
     }
 
     // Mixture of experts (moe.rs).
-    fn weight_rows(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
+    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         self.weight_rows_prepared(w, first_row, n_rows, name)
     }
 
-    fn scatter_rows(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) {
-        if let Err(e) = self.scatter_rows_dev(src, rows, dim, dst) {
-            self.fail(e);
-        }
+    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
+        self.scatter_rows_dev(src, rows, dim, dst)
     }
 
-    fn weighted_sum_rows(&self, src: &Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Buffer) {
-        if let Err(e) = self.weighted_sum_rows_dev(src, weights, n, k, dim, out) {
-            self.fail(e);
-        }
+    fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
+        self.weighted_sum_rows_dev(src, weights, n, k, dim, out)
     }
 
-    fn scale_rows(&self, x: &mut Buffer, scales: &[f32], dim: usize) {
-        if let Err(e) = self.scale_rows_dev(x, scales, dim) {
-            self.fail(e);
-        }
+    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> Result<()> {
+        self.scale_rows_dev(x, scales, dim)
     }
 
-    fn synchronize(&self) {
-        self.flush();
-        if let Err(e) = self.api.synchronize() {
-            self.fail(e);
-        }
+    fn synchronize(&self) -> Result<()> {
+        self.flush()?;
+        self.api.synchronize()?;
         self.resolve_timings();
-    }
-
-    fn take_error(&self) -> Option<anyhow::Error> {
-        self.error.lock().take()
+        Ok(())
     }
 
     fn fingerprint(&self) -> serde_json::Value {

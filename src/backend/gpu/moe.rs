@@ -45,67 +45,76 @@ pub(super) fn is_router(name: &str) -> bool {
 
 impl<A: GpuApi> GpuBackend<A> {
     /// `bytes` uploaded into a pooled device buffer, queued after the work recorded so far.
-    fn upload_list(&self, bytes: &[u8]) -> anyhow::Result<DevBuf> {
+    fn upload_list(&self, bytes: &[u8]) -> Result<DevBuf> {
         let buf = self.pooled_alloc(bytes.len())?;
         drop(self.fresh_q8.lock().take());
         // Recorded launches may still use the buffer the pool just handed out: queue them first
         // (the upload is ordered after them on the stream).
-        self.flush();
+        self.flush()?;
         self.api.upload(buf.ptr, bytes)?;
         Ok(buf)
     }
 
     /// Rows `first_row..first_row + n_rows` of `w` prepared as a weight of their own, straight
     /// from the mapped file (one expert's matrix of a 3-D expert tensor).
-    pub(super) fn weight_rows_prepared(&self, w: &Weight, first_row: usize, n_rows: usize, name: &str) -> anyhow::Result<Weight> {
-        let gw = gweight(w);
+    pub(super) fn weight_rows_prepared(&self, w: &GpuWeight, first_row: usize, n_rows: usize, name: &str) -> Result<GpuWeight> {
+        let gw = &w.data;
         let info = &gw.file.tensors[gw.index];
         if first_row + n_rows > w.rows || n_rows == 0 {
-            bail!("rows {first_row}..{} of \"{}\" are outside its {} rows", first_row + n_rows, w.name, w.rows);
+            return Err(Error::invalid(
+                self.be(),
+                format!("rows {first_row}..{} of \"{}\" are outside its {} rows", first_row + n_rows, w.name, w.rows),
+            ));
         }
         let bytes = gw.file.tensor_data(info);
         let row_bytes = bytes.len() / w.rows;
         let slice = &bytes[first_row * row_bytes..(first_row + n_rows) * row_bytes];
-        let data = self.prepare_rows(name, w.ggml_type, slice, n_rows, w.cols, false).with_context(|| format!("uploading {name}"))?;
+        let layout = self.prepare_rows(name, w.ggml_type, slice, n_rows, w.cols, false).while_doing(|| format!("uploading {name}"))?;
         Ok(Weight {
             name: name.to_string(),
             ggml_type: w.ggml_type,
             rows: n_rows,
             cols: w.cols,
-            inner: Box::new(GpuWeight { file: gw.file.clone(), index: gw.index, data }),
+            data: DeviceWeight { file: gw.file.clone(), index: gw.index, layout },
         })
     }
 
     /// out[rows x w.rows] = x · wᵀ for an f32 weight kept whole (`is_router`).
-    pub(super) fn router_matmul(&self, w: &Weight, wv: &DevBuf, x: &GpuBuffer, rows: usize, out: &GpuBuffer) {
+    pub(super) fn router_matmul(&self, w: &GpuWeight, wv: &DevBuf, x: &GpuBuffer, rows: usize, out: &GpuBuffer) -> Result<()> {
         self.launch(
             "moe_router_f32",
             rows,
             [w.rows, rows, 1],
             Args::default().ptr(x.mem.ptr).ptr(wv.ptr).ptr(out.mem.ptr).i32(w.rows).i32(w.cols),
-        );
+        )
     }
 
     /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list. Dense
     /// models (the rows whose logits a batch returns) keep the copies while the MoE path is off,
     /// so nothing unverified runs by default.
-    pub(super) fn gather_rows_dev(&self, src: &Buffer, rows: &[usize], dim: usize, dst: &mut Buffer) -> anyhow::Result<()> {
-        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
+    pub(super) fn gather_rows_dev(&self, src: &GpuBuffer, rows: &[usize], dim: usize, dst: &mut GpuBuffer) -> Result<()> {
+        let (s, d) = (src.mem.ptr, dst.mem.ptr);
         if rows.len() <= COPY_MAX_ROWS || !self.moe {
             for (i, &r) in rows.iter().enumerate() {
                 self.copy_op(d + (i * dim * 4) as u64, s + (r * dim * 4) as u64, dim * 4)?;
             }
             return Ok(());
         }
-        let idx: Vec<u8> = rows.iter().flat_map(|&r| (i32::try_from(r).expect("row index exceeds i32")).to_le_bytes()).collect();
+        let idx = rows.iter().map(|&r| i32::try_from(r).map(i32::to_le_bytes)).collect::<std::result::Result<Vec<_>, _>>();
+        let idx = idx.map_err(|_| Error::invalid(self.be(), "a row index exceeds i32"))?.concat();
         let idx = self.upload_list(&idx)?;
-        self.launch("moe_gather_rows", rows.len(), [dim.div_ceil(256), rows.len(), 1], Args::default().ptr(s).ptr(idx.ptr).ptr(d).i32(dim));
+        self.launch(
+            "moe_gather_rows",
+            rows.len(),
+            [dim.div_ceil(256), rows.len(), 1],
+            Args::default().ptr(s).ptr(idx.ptr).ptr(d).i32(dim),
+        )?;
         Ok(())
     }
 
     /// `Backend::scatter_rows`: copies for a few rows, else one kernel over an index list.
-    pub(super) fn scatter_rows_dev(&self, src: &Buffer, rows: &[u32], dim: usize, dst: &mut Buffer) -> anyhow::Result<()> {
-        let (s, d) = (gbuf(src).mem.ptr, gbuf(dst).mem.ptr);
+    pub(super) fn scatter_rows_dev(&self, src: &GpuBuffer, rows: &[u32], dim: usize, dst: &mut GpuBuffer) -> Result<()> {
+        let (s, d) = (src.mem.ptr, dst.mem.ptr);
         if rows.len() <= COPY_MAX_ROWS {
             for (i, &r) in rows.iter().enumerate() {
                 self.copy_op(d + (r as usize * dim * 4) as u64, s + (i * dim * 4) as u64, dim * 4)?;
@@ -119,40 +128,40 @@ impl<A: GpuApi> GpuBackend<A> {
             rows.len(),
             [dim.div_ceil(256), rows.len(), 1],
             Args::default().ptr(s).ptr(idx.ptr).ptr(d).i32(dim),
-        );
+        )?;
         Ok(())
     }
 
     /// `Backend::weighted_sum_rows` on the device (ggml's order of additions).
     pub(super) fn weighted_sum_rows_dev(
         &self,
-        src: &Buffer,
+        src: &GpuBuffer,
         weights: &[f32],
         n: usize,
         k: usize,
         dim: usize,
-        out: &mut Buffer,
-    ) -> anyhow::Result<()> {
+        out: &mut GpuBuffer,
+    ) -> Result<()> {
         debug_assert_eq!(weights.len(), n * k);
         let w = self.upload_list(bytemuck_f32(weights))?;
         self.launch(
             "moe_weighted_sum",
             n,
             [dim.div_ceil(256), n, 1],
-            Args::default().ptr(gbuf(src).mem.ptr).ptr(w.ptr).ptr(gbuf(out).mem.ptr).i32(k).i32(dim),
-        );
+            Args::default().ptr(src.mem.ptr).ptr(w.ptr).ptr(out.mem.ptr).i32(k).i32(dim),
+        )?;
         Ok(())
     }
 
     /// `Backend::scale_rows` on the device.
-    pub(super) fn scale_rows_dev(&self, x: &mut Buffer, scales: &[f32], dim: usize) -> anyhow::Result<()> {
+    pub(super) fn scale_rows_dev(&self, x: &mut GpuBuffer, scales: &[f32], dim: usize) -> Result<()> {
         let s = self.upload_list(bytemuck_f32(scales))?;
         self.launch(
             "moe_scale_rows",
             scales.len(),
             [dim.div_ceil(256), scales.len(), 1],
-            Args::default().ptr(gbuf(x).mem.ptr).ptr(s.ptr).i32(dim),
-        );
+            Args::default().ptr(x.mem.ptr).ptr(s.ptr).i32(dim),
+        )?;
         Ok(())
     }
 }

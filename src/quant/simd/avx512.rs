@@ -231,7 +231,8 @@ unsafe fn dmin_pair(bw: *const u8) -> __m128 {
 /// instruction less per super-block and output; Q4_K 1 x 8 tile bench ~1% faster).
 #[inline(always)]
 unsafe fn scale_pair(dm_w: __m128, ba: *const u8) -> (__m512, __m256) {
-    let s = _mm_mul_ps(dm_w, _mm_broadcast_ss(&*(ba as *const f32)));
+    // The Q8_K block's f32 d may be unaligned (rows of any offset): read it unaligned.
+    let s = _mm_mul_ps(dm_w, _mm_set1_ps((ba as *const f32).read_unaligned()));
     (_mm512_broadcastss_ps(s), _mm256_broadcastss_ps(_mm_movehdup_ps(s)))
 }
 
