@@ -395,7 +395,7 @@ mod tests {
             f32_to_f16_row(&kf, &mut k);
             f32_to_f16_row(&vf, &mut v);
             let scale = 1.0 / (hd as f32).sqrt();
-            for heads_per_group in [1usize, 3, 4] {
+            for heads_per_group in [1usize, 2, 3, 4, 5, 8] {
                 let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
                 for g in 0..kv_heads {
                     for rows in [1usize, 2, 7, 16, 17, 32, 33, 64, rows_max] {

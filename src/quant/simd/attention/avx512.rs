@@ -7,7 +7,7 @@
 //! whole accumulator (16 registers) in registers across a block of rows.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::{group_block_rows, softmax_steps, GroupScratch, KvRows, GROUP_BLOCK};
+use super::{group_block_rows, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).
@@ -55,9 +55,22 @@ pub unsafe fn attend_group<const HD16: usize>(
                 _mm512_storeu_ps(vf.as_mut_ptr().add(j * hd + 16 * c), load_h(vp.add(16 * c)));
             }
         }
-        for h in 0..heads {
+        // Several heads per pass where their accumulators fit in registers next to a V row:
+        // one head's accumulator update is a chain (FMA, then the f16 round trip) from row to
+        // row; the heads' chains are independent, so interleaving them fills the pipeline, and
+        // each V row is loaded once for all of them. Per head the operations and their order
+        // are unchanged (same bits).
+        let mut h = 0;
+        while h < heads {
             let (qh, acc_h) = (qr.as_ptr().add(h * hd), acc.as_mut_ptr().add(h * hd));
-            attend_block::<HD16>(qh, kf.as_ptr(), vf.as_ptr(), n, scale, &mut m[h], &mut sum[h], acc_h);
+            let (mh, sh) = (&mut m[h..], &mut sum[h..]);
+            let (kb, vb) = (kf.as_ptr(), vf.as_ptr());
+            h += match (HD16, heads - h) {
+                (4, 4..) => attend_block::<HD16, 4>(qh, kb, vb, n, scale, mh, sh, acc_h),
+                (4, 3) => attend_block::<HD16, 3>(qh, kb, vb, n, scale, mh, sh, acc_h),
+                (4 | 8, 2..) => attend_block::<HD16, 2>(qh, kb, vb, n, scale, mh, sh, acc_h),
+                _ => attend_block::<HD16, 1>(qh, kb, vb, n, scale, mh, sh, acc_h),
+            };
         }
     }
     for (h, &total) in sum.iter().enumerate() {
@@ -69,53 +82,65 @@ pub unsafe fn attend_group<const HD16: usize>(
     }
 }
 
-/// The AVX2 `attend_block` with 16-lane registers: all scores of the block, the scalar
-/// softmax steps, then the accumulator updates with the accumulator in registers.
+/// The AVX2 `attend_block` with 16-lane registers, for NH consecutive heads (`q`, `acc`
+/// and the running `m`, `sum` start at the first of them): per head all scores of the
+/// block and the scalar softmax steps, then the accumulator updates of the NH heads
+/// interleaved row by row, with the accumulators in registers. Returns NH.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn attend_block<const HD16: usize>(
+unsafe fn attend_block<const HD16: usize, const NH: usize>(
     q: *const f32,
     k: *const f32,
     v: *const f32,
     n: usize,
     scale: f32,
-    m: &mut f32,
-    sum: &mut f32,
+    m: &mut [f32],
+    sum: &mut [f32],
     acc: *mut f32,
-) {
-    debug_assert!(n <= GROUP_BLOCK);
+) -> usize {
+    debug_assert!(n <= GROUP_BLOCK && m.len() >= NH && sum.len() >= NH);
     let hd = 16 * HD16;
-    let qv: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(q.add(16 * c)));
-    let mut scores = [0f32; GROUP_BLOCK];
-    for (j, sc) in scores.iter_mut().enumerate().take(n) {
-        let kp = k.add(j * hd);
-        // dot_f16's order: per 64 elements, acc[i] is the i-th 16-lane accumulator.
-        let mut a = [_mm512_setzero_ps(); 4];
-        for c in 0..HD16 / 4 {
-            for (i, a) in a.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(64 * c + 16 * i)), qv[4 * c + i], *a);
+    let st: [SoftmaxSteps; NH] = std::array::from_fn(|h| {
+        let qv: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(q.add(h * hd + 16 * c)));
+        let mut scores = [0f32; GROUP_BLOCK];
+        for (j, sc) in scores.iter_mut().enumerate().take(n) {
+            let kp = k.add(j * hd);
+            // dot_f16's order: per 64 elements, acc[i] is the i-th 16-lane accumulator.
+            let mut a = [_mm512_setzero_ps(); 4];
+            for c in 0..HD16 / 4 {
+                for (i, a) in a.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(64 * c + 16 * i)), qv[4 * c + i], *a);
+                }
             }
+            *sc = reduce_lanes(a) * scale;
         }
-        *sc = reduce_lanes(a) * scale;
-    }
-    let st = softmax_steps(&scores[..n], m, sum);
-    let mut av: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(acc.add(16 * c)));
+        softmax_steps(&scores[..n], &mut m[h], &mut sum[h])
+    });
+    let mut av: [[__m512; HD16]; NH] = std::array::from_fn(|h| std::array::from_fn(|c| _mm512_loadu_ps(acc.add(h * hd + 16 * c))));
     for j in 0..n {
-        if st.rescale[j] {
-            let msv = _mm512_set1_ps(st.ms[j]);
-            for a in av.iter_mut() {
-                *a = round(_mm512_mul_ps(*a, msv));
+        for (st, av) in st.iter().zip(av.iter_mut()) {
+            if st.rescale[j] {
+                let msv = _mm512_set1_ps(st.ms[j]);
+                for a in av.iter_mut() {
+                    *a = round(_mm512_mul_ps(*a, msv));
+                }
             }
         }
+        let vsv: [__m512; NH] = std::array::from_fn(|h| _mm512_set1_ps(st[h].vs[j]));
         let vp = v.add(j * hd);
-        let vsv = _mm512_set1_ps(st.vs[j]);
-        for (c, a) in av.iter_mut().enumerate() {
-            *a = round(_mm512_fmadd_ps(_mm512_loadu_ps(vp.add(16 * c)), vsv, *a));
+        for c in 0..HD16 {
+            let vc = _mm512_loadu_ps(vp.add(16 * c));
+            for (av, vsv) in av.iter_mut().zip(&vsv) {
+                av[c] = round(_mm512_fmadd_ps(vc, *vsv, av[c]));
+            }
         }
     }
-    for (c, a) in av.iter().enumerate() {
-        _mm512_storeu_ps(acc.add(16 * c), *a);
+    for (h, av) in av.iter().enumerate() {
+        for (c, a) in av.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(h * hd + 16 * c), *a);
+        }
     }
+    NH
 }
 
 #[inline(always)]
