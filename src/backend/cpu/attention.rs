@@ -47,8 +47,8 @@ impl CpuBackend {
     /// Batches of 64+ rows use this path too (llama.cpp switches to an f32 tiled kernel there),
     /// so a row's result does not depend on how the sequence was batched.
     ///
-    /// With `sinks` (gpt-oss), the step-by-step row kernel with each head's sink folded in
-    /// after the last key, as ggml's CPU flash attention does for its single KV chunk.
+    /// With `sinks` (gpt-oss), each head's sink is folded in after the last key, as ggml's CPU
+    /// flash attention does for its single KV chunk.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_cpu(
         &self,
@@ -121,14 +121,11 @@ impl CpuBackend {
                         let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
                         let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
                         let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                        if let Some(sinks) = sinks {
-                            let heads = &sinks[g * group..(g + 1) * group];
-                            for ((qh, out_h), &sink) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).zip(heads) {
-                                kernels::attend_row_sink(qh, k, v, rows, scale, Some(sink), q16, acc, out_h);
-                            }
-                        } else if !kernels::attend_group(qg, hd, k, v, rows, scale, out_g, scratch) {
-                            for (qh, out_h) in qg.chunks(hd).zip(out_g.chunks_mut(hd)) {
-                                kernels::attend_row_steps(qh, k, v, rows, scale, q16, acc, out_h);
+                        let sinks = sinks.map(|s| &s[g * group..(g + 1) * group]);
+                        if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
+                            for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
+                                let sink = sinks.map(|s| s[h]);
+                                kernels::attend_row_sink(qh, k, v, rows, scale, sink, q16, acc, out_h);
                             }
                         }
                     },

@@ -5,7 +5,7 @@
 //! The same numbers on every path: the x86 forms use F16C and FMA, the portable one `half`
 //! and `mul_add`; both round to nearest even and fuse the same multiply-adds. The fused GQA
 //! kernel (`attend_group`) has an AVX2 form (attention/avx2.rs) and an AVX-512 one
-//! (attention/avx512.rs), bit for bit the step-by-step reference `attend_row_steps`.
+//! (attention/avx512.rs), bit for bit the step-by-step reference `attend_row_sink`.
 
 use super::{level, SimdLevel};
 use crate::backend::KvBlocks;
@@ -141,16 +141,9 @@ impl KvRows<'_> {
 
 /// One query row's attention over `rows` cache positions (K and V rows `stride` apart,
 /// starting at k[0] and v[0]), step by step: q rounded to f16, `dot_f16`, online softmax
-/// with libm expf, the f16-rounded accumulator. Any head size; q16 and acc are scratch of
-/// the head size. The reference of `attend_group`, and its fallback.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_row_steps(q: &[f32], k: &[u16], v: &[u16], rows: KvRows<'_>, scale: f32, q16: &mut [u16], acc: &mut [f32], out: &mut [f32]) {
-    attend_row_sink(q, k, v, rows, scale, None, q16, acc, out)
-}
-
-/// `attend_row_steps` with an optional attention sink: after the last key, ggml's
-/// correction (if sink > max: rescale the accumulator by exp(max - sink), sum * that + 1;
-/// else sum + exp(sink - max)).
+/// with libm expf, the f16-rounded accumulator; then, with a `sink` (gpt-oss), `fold_sink`.
+/// Any head size; q16 and acc are scratch of the head size. The reference of `attend_group`
+/// (tests) and its fallback.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row_sink(
     q: &[f32],
@@ -183,14 +176,7 @@ pub fn attend_row_sink(
         sum = sum.mul_add(ms, vs);
     }
     if let Some(s) = sink {
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > m {
-            ms = (m - s).exp();
-            scale_rounded(acc, ms);
-        } else {
-            vs = (s - m).exp();
-        }
-        sum = sum * ms + vs;
+        fold_sink(s, m, &mut sum, acc);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (d, a) in out.iter_mut().zip(acc.iter()) {
@@ -198,10 +184,25 @@ pub fn attend_row_sink(
     }
 }
 
+/// An attention sink after the last key (gpt-oss; ggml's correction for its single KV chunk):
+/// one more key that scored `sink` with a zero value. If it beats the running max `m` the
+/// f16-rounded accumulator is rescaled by exp(m - sink) and the sum becomes sum * that + 1,
+/// else the sum gains exp(sink - m); the max itself is not updated (nothing follows).
+fn fold_sink(sink: f32, m: f32, sum: &mut f32, acc: &mut [f32]) {
+    let (mut ms, mut vs) = (1f32, 1f32);
+    if sink > m {
+        ms = (m - sink).exp();
+        scale_rounded(acc, ms);
+    } else {
+        vs = (sink - m).exp();
+    }
+    *sum = *sum * ms + vs;
+}
+
 /// K/V rows converted to f32 per block in `attend_group` (16 KiB of scratch at head size 64).
 const GROUP_BLOCK: usize = 32;
 
-/// The online-softmax steps of `attend_row_steps` for a block of scores, continuing the
+/// The online-softmax steps of `attend_row_sink` for a block of scores, continuing the
 /// running max m and sum: per row, whether it is a new maximum (the accumulator is then
 /// rescaled by ms first), and the factors on the old accumulator (ms) and on V (vs).
 struct SoftmaxSteps {
@@ -246,7 +247,7 @@ pub struct GroupScratch {
     sum: Vec<f32>,
 }
 
-/// `attend_row_steps` for all query heads of one GQA group at once (`q` and `out` hold
+/// `attend_row_sink` for all query heads of one GQA group at once (`q` and `out` hold
 /// the group's heads one after another), bit for bit, with q and the accumulator in
 /// registers within each block of rows: the heads of a group read the same K/V rows, so
 /// each block of rows is converted from f16 once for all of them. Returns false (and does
@@ -260,10 +261,11 @@ pub fn attend_group(
     v: &[u16],
     rows: KvRows<'_>,
     scale: f32,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) -> bool {
-    attend_group_at(level(), q, hd, k, v, rows, scale, out, scratch)
+    attend_group_at(level(), q, hd, k, v, rows, scale, sinks, out, scratch)
 }
 
 /// `attend_group` with the kernels of an explicit level (for the tests): AVX-512 (the
@@ -278,6 +280,7 @@ pub fn attend_group_at(
     v: &[u16],
     rows: KvRows<'_>,
     scale: f32,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) -> bool {
@@ -290,22 +293,23 @@ pub fn attend_group_at(
         && out.len() == q.len()
         && k.len() >= rows.max_offset() + hd
         && v.len() >= rows.max_offset() + hd
+        && sinks.is_none_or(|s| s.len() * hd == q.len())
     {
         // SAFETY: the level's features are available (Avx2: avx2/fma/f16c; Avx512Vnni:
         // those and avx512f/bw/vl); the slice lengths cover every row read.
         unsafe {
             match (level, hd) {
-                (SimdLevel::Avx512Vnni, 64) => avx512::attend_group::<4>(q, k, v, rows, scale, out, scratch),
-                (SimdLevel::Avx512Vnni, 128) => avx512::attend_group::<8>(q, k, v, rows, scale, out, scratch),
-                (SimdLevel::Avx512Vnni, _) => avx512::attend_group::<16>(q, k, v, rows, scale, out, scratch),
-                (_, 64) => avx2::attend_group::<8>(q, k, v, rows, scale, out, scratch),
-                (_, 128) => avx2::attend_group::<16>(q, k, v, rows, scale, out, scratch),
-                _ => avx2::attend_group::<32>(q, k, v, rows, scale, out, scratch),
+                (SimdLevel::Avx512Vnni, 64) => avx512::attend_group::<4>(q, k, v, rows, scale, sinks, out, scratch),
+                (SimdLevel::Avx512Vnni, 128) => avx512::attend_group::<8>(q, k, v, rows, scale, sinks, out, scratch),
+                (SimdLevel::Avx512Vnni, _) => avx512::attend_group::<16>(q, k, v, rows, scale, sinks, out, scratch),
+                (_, 64) => avx2::attend_group::<8>(q, k, v, rows, scale, sinks, out, scratch),
+                (_, 128) => avx2::attend_group::<16>(q, k, v, rows, scale, sinks, out, scratch),
+                _ => avx2::attend_group::<32>(q, k, v, rows, scale, sinks, out, scratch),
             }
         }
         return true;
     }
-    let _ = (level, q, hd, k, v, rows, scale, out, scratch);
+    let _ = (level, q, hd, k, v, rows, scale, sinks, out, scratch);
     false
 }
 
@@ -397,7 +401,14 @@ mod tests {
             let scale = 1.0 / (hd as f32).sqrt();
             for heads_per_group in [1usize, 2, 3, 4, 5, 8] {
                 let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
-                for g in 0..kv_heads {
+                // No sink, sinks below the scores' max, and sinks far above it (the accumulator
+                // is rescaled after the last key).
+                let sink_sets: [Option<Vec<f32>>; 3] = [
+                    None,
+                    Some((0..heads_per_group).map(|_| rnd() * 0.5).collect()),
+                    Some((0..heads_per_group).map(|_| 40.0 + rnd()).collect()),
+                ];
+                for (g, sinks) in (0..kv_heads).flat_map(|g| sink_sets.iter().map(move |s| (g, s.as_deref()))) {
                     for rows in [1usize, 2, 7, 16, 17, 32, 33, 64, rows_max] {
                         let mut fused = vec![0f32; q.len()];
                         let ran = attend_group_at(
@@ -408,6 +419,7 @@ mod tests {
                             &v[g * hd..],
                             contiguous(stride, rows),
                             scale,
+                            sinks,
                             &mut fused,
                             &mut scratch,
                         );
@@ -419,12 +431,13 @@ mod tests {
                         for h in 0..heads_per_group {
                             let mut steps = vec![0f32; hd];
                             let qh = &q[h * hd..(h + 1) * hd];
-                            attend_row_steps(
+                            attend_row_sink(
                                 qh,
                                 &k[g * hd..],
                                 &v[g * hd..],
                                 contiguous(stride, rows),
                                 scale,
+                                sinks.map(|s| s[h]),
                                 &mut q16,
                                 &mut acc,
                                 &mut steps,

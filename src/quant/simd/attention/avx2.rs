@@ -1,7 +1,7 @@
 //! The AVX2 + FMA + F16C forms of the f16 attention kernels (`super`): the f16 row
 //! primitives and `attend_group` for head sizes 64, 128 and 256, 8 lanes per register.
 
-use super::{GroupScratch, KvRows, GROUP_BLOCK};
+use super::{fold_sink, GroupScratch, KvRows, GROUP_BLOCK};
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 8 * HD8.
@@ -13,6 +13,7 @@ pub unsafe fn attend_group<const HD8: usize>(
     v: &[u16],
     kv_rows: KvRows<'_>,
     scale: f32,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) {
@@ -50,6 +51,11 @@ pub unsafe fn attend_group<const HD8: usize>(
             attend_block::<HD8>(qh, kf.as_ptr(), vf.as_ptr(), n, scale, &mut m[h], &mut sum[h], acc_h);
         }
     }
+    if let Some(sinks) = sinks {
+        for (h, &sink) in sinks.iter().enumerate() {
+            fold_sink(sink, m[h], &mut sum[h], &mut acc[h * hd..(h + 1) * hd]);
+        }
+    }
     for (h, &total) in sum.iter().enumerate() {
         let inv = _mm256_set1_ps(if total == 0.0 { 0.0 } else { 1.0 / total });
         for c in 0..HD8 {
@@ -59,7 +65,7 @@ pub unsafe fn attend_group<const HD8: usize>(
     }
 }
 
-/// `attend_row_steps`' loop over n <= GROUP_BLOCK rows of f32 K and V (contiguous, 8 *
+/// `attend_row_sink`' loop over n <= GROUP_BLOCK rows of f32 K and V (contiguous, 8 *
 /// HD8 apart) for one head whose rounded q is at `q`, continuing the online softmax in
 /// m, sum and acc. The same operations in three passes: all scores (independent dots),
 /// then the scalar softmax steps (the exps only wait on the running max), then the

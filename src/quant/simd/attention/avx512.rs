@@ -1,5 +1,5 @@
 //! The AVX-512 form of the CPU attention's fused GQA-group kernel (`attend_group`), bit for
-//! bit the AVX2 one and so `attend_row_steps`: every 16-lane register holds what the
+//! bit the AVX2 one and so `attend_row_sink`: every 16-lane register holds what the
 //! AVX2 kernel keeps in two 8-lane ones (dot_f16's four 16-lane accumulators are exactly
 //! ggml's AVX-512 layout), and every per-element operation is the same (F16C rounding of q
 //! and of the accumulator, FMA, the same lane reduction). Why: half the instructions per
@@ -7,7 +7,7 @@
 //! whole accumulator (16 registers) in registers across a block of rows.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::{group_block_rows, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
+use super::{fold_sink, group_block_rows, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).
@@ -23,6 +23,7 @@ pub unsafe fn attend_group<const HD16: usize>(
     v: &[u16],
     kv_rows: KvRows<'_>,
     scale: f32,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) {
@@ -71,6 +72,11 @@ pub unsafe fn attend_group<const HD16: usize>(
                 (4 | 8, 2..) => attend_block::<HD16, 2>(qh, kb, vb, n, scale, mh, sh, acc_h),
                 _ => attend_block::<HD16, 1>(qh, kb, vb, n, scale, mh, sh, acc_h),
             };
+        }
+    }
+    if let Some(sinks) = sinks {
+        for (h, &sink) in sinks.iter().enumerate() {
+            fold_sink(sink, m[h], &mut sum[h], &mut acc[h * hd..(h + 1) * hd]);
         }
     }
     for (h, &total) in sum.iter().enumerate() {
