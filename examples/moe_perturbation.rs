@@ -85,8 +85,8 @@ fn main() -> anyhow::Result<()> {
     let n_tokens: u32 = arg(&args, "--tokens", "160").parse()?;
     let cpu = civetta::backend::create_cpu(0)?;
     let dir = tempfile::tempdir()?;
-    println!("| model | eps | max rel. L2 (free routing) | flips / choices | largest flipped margin (abs, rel) | max rel. L2 (forced to unperturbed routing) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| model | eps | max rel. L2 (free routing) | flips / choices | primary flips | largest primary margin (abs, rel) | largest margin of any flip (rel) | max rel. L2 (forced to unperturbed routing) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for arch in archs.split(',') {
         for q in quants.split(',') {
             let t = GgmlType::parse(q).ok_or_else(|| anyhow::anyhow!("unknown type {q}"))?;
@@ -103,14 +103,17 @@ fn main() -> anyhow::Result<()> {
                 let (b, rb) = run(&pert, &prompt, None)?;
                 let free = max_rel_l2(&b, &a, spec.vocab);
                 if ra.is_empty() {
-                    println!("| {arch} {q} | {e:.0e} | {free:.2e} | (dense) | | |");
+                    println!("| {arch} {q} | {e:.0e} | {free:.2e} | (dense) | | | | |");
                     continue;
                 }
-                let (flips, rel, abs) = compare(&ra, &rb);
+                let d = compare(&ra, &rb);
                 let choices: usize = ra.iter().map(|c| c.margins.len()).sum();
                 let (forced, _) = run(&pert, &prompt, Some(&ra))?;
                 let forced = max_rel_l2(&forced, &a, spec.vocab);
-                println!("| {arch} {q} | {e:.0e} | {free:.2e} | {flips} / {choices} | {abs:.2e}, {rel:.2e} | {forced:.2e} |");
+                println!(
+                    "| {arch} {q} | {e:.0e} | {free:.2e} | {} / {choices} | {} | {:.2e}, {:.2e} | {:.2e} | {forced:.2e} |",
+                    d.flips, d.primary, d.primary_margin, d.primary_rel_margin, d.any_rel_margin
+                );
             }
         }
     }

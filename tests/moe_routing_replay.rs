@@ -30,7 +30,7 @@ fn check(arch: &str) {
     let replayed = all_logits(&model, &prompt).unwrap();
     assert_eq!(tap.stop(), 0, "{arch}: every recorded call replayed");
     assert_eq!(bits(&replayed), bits(&free), "{arch}: replaying its own routing must be bit-identical");
-    assert_eq!(civetta::model::moe_trace::compare(&trace, &trace).0, 0);
+    assert_eq!(civetta::model::moe_trace::compare(&trace, &trace).flips, 0);
 
     // Another routing: every token's experts shifted by one id.
     let mut other = trace.clone();
@@ -38,8 +38,10 @@ fn check(arch: &str) {
     for c in &mut other {
         c.routing.experts.iter_mut().for_each(|e| *e = (*e + 1) % ne);
     }
-    let (flips, _, _) = civetta::model::moe_trace::compare(&trace, &other);
-    assert!(flips > 0);
+    let diff = civetta::model::moe_trace::compare(&trace, &other);
+    // Every choice flips; only the first layer's are primary.
+    assert_eq!(diff.flips, trace.iter().map(|c| c.margins.len()).sum::<usize>());
+    assert_eq!(diff.primary, trace[0].margins.len());
     tap.start_replay(&other);
     let forced = all_logits(&model, &prompt).unwrap();
     tap.stop();

@@ -98,24 +98,48 @@ impl RoutingTap {
     }
 }
 
-/// Routing differences between two recordings of the same passes (`a` the reference, whose
-/// margins judge each flip): (flips, largest flipped margin relative to its row's largest
-/// |logit|, largest flipped absolute margin). A flip is a (call, token) whose expert *set*
-/// differs; an order change among the same experts is not one.
-pub fn compare(a: &[LayerRouting], b: &[LayerRouting]) -> (usize, f32, f32) {
-    let (mut flips, mut rel, mut abs) = (0, 0f32, 0f32);
+/// Routing differences between two recordings of the same pass (`a` the reference, whose
+/// margins judge each flip). A flip is a (layer call, token) whose expert *set* differs (an
+/// order change among the same experts is not one). A flip is *primary* when no earlier layer
+/// flipped at this token or an earlier one (attention carries a flip to later positions):
+/// only a primary flip's inputs were not already changed by another flip, so only its margin
+/// says whether the backends' arithmetic alone moved the choice.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoutingDiff {
+    pub flips: usize,
+    pub primary: usize,
+    /// Largest primary flip margin relative to its row's largest |router logit|, and absolute.
+    pub primary_rel_margin: f32,
+    pub primary_margin: f32,
+    /// Largest margin among all flips, relative (secondary flips included).
+    pub any_rel_margin: f32,
+}
+
+pub fn compare(a: &[LayerRouting], b: &[LayerRouting]) -> RoutingDiff {
+    let mut d = RoutingDiff::default();
+    // The first token flipped in any earlier layer call.
+    let mut first_flipped = usize::MAX;
     for (x, y) in a.iter().zip(b) {
         let k = x.routing.k;
+        let mut first_here = usize::MAX;
         for (t, (ex, ey)) in x.routing.experts.chunks(k).zip(y.routing.experts.chunks(k)).enumerate() {
             let (mut sx, mut sy) = (ex.to_vec(), ey.to_vec());
             sx.sort_unstable();
             sy.sort_unstable();
-            if sx != sy {
-                flips += 1;
-                abs = abs.max(x.margins[t]);
-                rel = rel.max(x.margins[t] / x.scales[t].max(1e-30));
+            if sx == sy {
+                continue;
+            }
+            let rel = x.margins[t] / x.scales[t].max(1e-30);
+            d.flips += 1;
+            d.any_rel_margin = d.any_rel_margin.max(rel);
+            first_here = first_here.min(t);
+            if t < first_flipped {
+                d.primary += 1;
+                d.primary_rel_margin = d.primary_rel_margin.max(rel);
+                d.primary_margin = d.primary_margin.max(x.margins[t]);
             }
         }
+        first_flipped = first_flipped.min(first_here);
     }
-    (flips, rel, abs)
+    d
 }
