@@ -14,6 +14,7 @@
 
 mod hparams;
 pub mod moe;
+pub mod moe_trace;
 mod workspace;
 
 pub use hparams::{Arch, ExpertAct, Gating, HParams, MoeParams, RopeScalingKind, RopeScalingParams, SlidingWindow, SUPPORTED_ARCHS};
@@ -71,6 +72,7 @@ pub struct Model<B: Backend> {
     output: Option<WeightOf<B>>,
     /// Expert selection counts of a mixture-of-experts model (None for dense ones).
     expert_load: Option<Arc<moe::ExpertLoad>>,
+    routing_tap: Option<Arc<moe_trace::RoutingTap>>,
 }
 
 /// One sequence's KV cache: `len` positions stored out of `capacity`. Either its own K and
@@ -226,6 +228,7 @@ impl<B: Backend> Model<B> {
         expect_shape(&token_embd, hp.n_embd, hp.n_vocab)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         let expert_load = hp.moe.as_ref().map(|m| Arc::new(moe::ExpertLoad::new(m.n_expert)));
+        let routing_tap = hp.moe.as_ref().map(|_| Arc::new(moe_trace::RoutingTap::default()));
         for i in 0..hp.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}");
             let attn = Attention {
@@ -257,7 +260,8 @@ impl<B: Backend> Model<B> {
             let gemma = hp.arch == Arch::Gemma3;
             let ffn = if hp.moe.is_some() {
                 let load = expert_load.clone().context("MoE layer in a model without expert metadata")?;
-                Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp, load)?))
+                let tap = routing_tap.clone().context("MoE layer in a model without expert metadata")?;
+                Ffn::Moe(Box::new(moe::load(&*backend, &file, i, &hp, load, tap)?))
             } else {
                 let (gate, up, down) = (w(&p("ffn_gate.weight"))?, w(&p("ffn_up.weight"))?, w(&p("ffn_down.weight"))?);
                 expect_shape(&gate, hp.n_embd, hp.n_ff)?;
@@ -286,12 +290,17 @@ impl<B: Backend> Model<B> {
         if let Some(o) = &output {
             expect_shape(o, hp.n_embd, hp.n_vocab)?;
         }
-        Ok(Model { hp, file, backend, token_embd, layers, output_norm, output, expert_load })
+        Ok(Model { hp, file, backend, token_embd, layers, output_norm, output, expert_load, routing_tap })
     }
 
     /// How often each expert was selected so far (MoE models).
     pub fn expert_load(&self) -> Option<&Arc<moe::ExpertLoad>> {
         self.expert_load.as_ref()
+    }
+
+    /// The MoE layers' routing record / replay switch (MoE models; diagnostics only).
+    pub fn routing_tap(&self) -> Option<&Arc<moe_trace::RoutingTap>> {
+        self.routing_tap.as_ref()
     }
 
     pub fn backend(&self) -> &Arc<B> {

@@ -18,6 +18,7 @@
 //! 3-D expert-major tensors (no copies; decode touches only the selected experts' bytes).
 
 use super::hparams::{ExpertAct, Gating, MoeParams};
+use super::moe_trace::RoutingTap;
 use super::{HParams, MoeWorkspace};
 use crate::backend::{Backend, WeightOf};
 use crate::gguf::GgufFile;
@@ -90,10 +91,19 @@ pub struct MoeWeights<B: Backend> {
     pub params: MoeParams,
     /// The model's expert selection counts (shared by all its MoE layers).
     pub load: Arc<ExpertLoad>,
+    /// The model's routing diagnostics (off unless gpu_check asks; `moe_trace`).
+    pub tap: Arc<RoutingTap>,
 }
 
 /// Loads layer `layer`'s MoE tensors and cuts the 3-D expert tensors into per-expert views.
-pub fn load<B: Backend>(be: &B, file: &Arc<GgufFile>, layer: usize, hp: &HParams, load: Arc<ExpertLoad>) -> anyhow::Result<MoeWeights<B>> {
+pub fn load<B: Backend>(
+    be: &B,
+    file: &Arc<GgufFile>,
+    layer: usize,
+    hp: &HParams,
+    load: Arc<ExpertLoad>,
+    tap: Arc<RoutingTap>,
+) -> anyhow::Result<MoeWeights<B>> {
     let m = hp.moe.clone().context("MoE layer in a model without expert metadata")?;
     let p = |s: &str| format!("blk.{layer}.{s}");
     let w = |name: &str| be.load_weight(file, name);
@@ -161,7 +171,7 @@ pub fn load<B: Backend>(be: &B, file: &Arc<GgufFile>, layer: usize, hp: &HParams
     } else {
         None
     };
-    Ok(MoeWeights { router, router_bias, experts, shared, params: m, load })
+    Ok(MoeWeights { router, router_bias, experts, shared, params: m, load, tap })
 }
 
 /// An F32 tensor of `n` elements read into host memory (small per-layer vectors).
@@ -204,21 +214,33 @@ pub struct Routing {
 /// total clamped to f16's smallest normal when `norm_topk`; then scaled by `weights_scale`
 /// unless that is 0 or 1.
 pub fn route(logits: &[f32], p: &MoeParams) -> Routing {
+    route_with(logits, p, None)
+}
+
+/// `route`, or with `forced` (k expert ids per token, as `Routing::experts`) those experts in
+/// that slot order, weighted by this row's own probabilities (the routing replay of
+/// `moe_trace`). With `forced` = `route`'s own choice the weights are bit-identical.
+pub fn route_with(logits: &[f32], p: &MoeParams, forced: Option<&[u32]>) -> Routing {
     let (ne, k) = (p.n_expert, p.n_expert_used);
     let n = logits.len() / ne;
     let mut experts = Vec::with_capacity(n * k);
     let mut weights = Vec::with_capacity(n * k);
     let mut probs = vec![0f32; ne];
     let mut order: Vec<u32> = Vec::with_capacity(ne);
-    for row in logits.chunks_exact(ne) {
+    for (t, row) in logits.chunks_exact(ne).enumerate() {
         match p.gating {
             Gating::Softmax => softmax_ggml(row, &mut probs),
             Gating::SoftmaxWeight => probs.copy_from_slice(row),
         }
-        order.clear();
-        order.extend(0..ne as u32);
-        order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
-        let chosen = &order[..k];
+        let chosen = match forced {
+            Some(f) => &f[t * k..(t + 1) * k],
+            None => {
+                order.clear();
+                order.extend(0..ne as u32);
+                order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+                &order[..k]
+            }
+        };
         let mut w: Vec<f32> = chosen.iter().map(|&e| probs[e as usize]).collect();
         if p.gating == Gating::SoftmaxWeight {
             let selected = w.clone();
@@ -235,6 +257,27 @@ pub fn route(logits: &[f32], p: &MoeParams) -> Routing {
         weights.extend(w);
     }
     Routing { k, experts, weights }
+}
+
+/// Per token, how far the k-th chosen expert's router logit is above the best expert left out
+/// (logit_k - logit_{k+1}, after any router bias; 0 = a tie). Softmax is monotone, so this is
+/// the margin the top-k choice had under both gatings: a perturbation of the logits smaller
+/// than it cannot change that token's experts. For the routing diagnostics (issue #15: GPU vs
+/// CPU routing flips), not the served path.
+pub fn top_k_margins(logits: &[f32], p: &MoeParams) -> Vec<f32> {
+    let (ne, k) = (p.n_expert, p.n_expert_used);
+    let mut sorted = vec![0f32; ne];
+    logits
+        .chunks_exact(ne)
+        .map(|row| {
+            if k >= ne {
+                return f32::INFINITY;
+            }
+            sorted.copy_from_slice(row);
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            sorted[k - 1] - sorted[k]
+        })
+        .collect()
 }
 
 /// ggml's f32 soft_max of one row: exp(x - max) in f32, the sum in f64, scaled by the f32
@@ -262,9 +305,23 @@ pub fn ffn<B: Backend>(be: &B, m: &MoeWeights<B>, ws: &mut MoeWorkspace<B>, h: &
             row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
         }
     }
-    let routing = route(&host, &m.params);
+    let routing = if m.tap.active() { tapped_route(&m.tap, &host, &m.params, n)? } else { route(&host, &m.params) };
     m.load.record(&routing.experts);
     expert_outputs_and_sum(be, m, ws, h, n, d, ff, &routing)
+}
+
+/// `route` through the routing tap: replaying a recorded call's experts, or recording this one.
+fn tapped_route(tap: &RoutingTap, logits: &[f32], p: &MoeParams, n: usize) -> anyhow::Result<Routing> {
+    if let Some(forced) = tap.next_forced()? {
+        if forced.len() != n * p.n_expert_used || forced.iter().any(|&e| e as usize >= p.n_expert) {
+            bail!("routing replay: {} expert ids for {n} tokens x {} slots of {} experts", forced.len(), p.n_expert_used, p.n_expert);
+        }
+        return Ok(route_with(logits, p, Some(&forced)));
+    }
+    let routing = route(logits, p);
+    let scales = logits.chunks_exact(p.n_expert).map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs()))).collect();
+    tap.record(&routing, top_k_margins(logits, p), scales);
+    Ok(routing)
 }
 
 /// The routed part: per active expert, gather its tokens, SwiGLU, down, scatter its outputs
@@ -416,6 +473,19 @@ mod tests {
         let z: f32 = [0.1f32, 2.0, -1.0, 1.0].iter().map(|x| (x - 2.0).exp()).sum();
         assert!((r.weights[0] - 1.0 / z).abs() < 1e-6);
         assert!((r.weights[1] - (-1.0f32).exp() / z).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_margins_are_the_gap_between_the_kth_and_the_next_logit() {
+        let logits = [0.1, 2.0, -1.0, 1.0, /* token 1 */ 3.0, 0.0, 0.0, 3.5, /* token 2: tie */ 1.0, 1.0, 1.0, 0.0];
+        let m = top_k_margins(&logits, &params(4, 2, false));
+        assert_eq!(m, vec![1.0 - 0.1, 3.0, 0.0]);
+        // A perturbation below the margin keeps the experts; the tie's choice is the index rule.
+        let mut moved = logits;
+        moved[0] += 0.8;
+        assert_eq!(route(&moved, &params(4, 2, false)).experts[..2], route(&logits, &params(4, 2, false)).experts[..2]);
+        moved[0] += 0.2;
+        assert_ne!(route(&moved, &params(4, 2, false)).experts[..2], route(&logits, &params(4, 2, false)).experts[..2]);
     }
 
     #[test]
