@@ -275,8 +275,9 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    /// The step-by-step row kernel with the sink folded in after the last key, as ggml's CPU
-    /// flash attention does for its single KV chunk.
+    /// Attention with each head's sink folded in after the last key (`fold_sink`, in the fused
+    /// GQA-group kernel or the row kernel), as ggml's CPU flash attention does for its single KV
+    /// chunk.
     fn attention_with_sinks(
         &self,
         q: &Self::Buffer,
