@@ -25,6 +25,9 @@
 //! every primary flip was a near tie (margin under FLIP_MARGIN of the row's largest |router logit|);
 //! docs/GPU.md "Mixture of experts".
 //!
+//! The batch-vs-solo check of an MoE model likewise judges the batch replaying the solo runs'
+//! expert choices (the free-routing number is printed beside it).
+//!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
@@ -141,10 +144,17 @@ fn decode_logits<B: Backend>(model: &Model<B>, prompt: &[u32], tokens: &[u32]) -
 
 /// The batched forward on one backend against the same sequences run alone on it: three
 /// sequences of different lengths prefilled in one pass, then one decode row each in one
-/// pass. Returns the largest relative L2 difference of their last-row logits.
-fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result<f64> {
+/// pass. Returns the largest relative L2 difference of their last-row logits; for MoE models
+/// also the same difference with the batch replaying the solo runs' expert choices (the
+/// batch's other arithmetic can flip a near-tied routing choice just as the CPU's can: the
+/// forced number is the arithmetic alone, judged like the prefill's).
+fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result<(f64, Option<f64>)> {
     let parts = [&prompt[..50], &prompt[50..70], &prompt[70..]];
     let next = [prompt[1], prompt[2], prompt[3]];
+    let tap = model.routing_tap();
+    if let Some(tap) = tap {
+        tap.start_record();
+    }
     let mut solo = Vec::new();
     for (p, t) in parts.iter().zip(next) {
         let mut cache = model.new_cache(p.len() + 1)?;
@@ -152,6 +162,43 @@ fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result
         let b = model.forward(&mut cache, &[t], Logits::Last)?;
         solo.push((a, b));
     }
+    let solo_routing = tap.map(|t| t.take_record());
+    let worst_of = |(prefill, decode): &(Vec<Vec<f32>>, Vec<Vec<f32>>)| {
+        solo.iter().enumerate().fold(0f64, |w, (i, (a, b))| w.max(rel_l2(&prefill[i], a)).max(rel_l2(&decode[i], b)))
+    };
+    let free = batch_pass(model, &parts, &next)?;
+    let forced = match (tap, solo_routing) {
+        (Some(tap), Some(rec)) => {
+            // Solo calls come as [seq][prefill, decode][layer]; the batch makes one call per
+            // layer over the sequences' rows in order, so each batch call replays the
+            // concatenation of the sequences' calls for that layer.
+            let layers = rec.len() / (2 * parts.len());
+            anyhow::ensure!(layers > 0 && rec.len() == 2 * parts.len() * layers, "{} solo MoE calls", rec.len());
+            let mut calls = Vec::new();
+            for phase in 0..2 {
+                for l in 0..layers {
+                    let mut c = rec[phase * layers + l].clone();
+                    c.routing.experts =
+                        (0..parts.len()).flat_map(|s| rec[(2 * s + phase) * layers + l].routing.experts.iter().copied()).collect();
+                    calls.push(c);
+                }
+            }
+            tap.start_replay(&calls);
+            let pass = batch_pass(model, &parts, &next);
+            let left = tap.stop();
+            let pass = pass?;
+            anyhow::ensure!(left == 0, "{left} replayed batch routing calls were not used");
+            Some(worst_of(&pass))
+        }
+        _ => None,
+    };
+    Ok((worst_of(&free), forced))
+}
+
+/// One batched prefill of `parts`, then one batched decode row each (`next`): the last-row
+/// logits of each sequence after each pass.
+#[allow(clippy::type_complexity)]
+fn batch_pass<B: Backend>(model: &Model<B>, parts: &[&[u32]; 3], next: &[u32; 3]) -> anyhow::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
     let mut caches = parts.iter().map(|p| model.new_cache(p.len() + 1)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(parts).map(|(cache, tokens)| SeqRows { cache, tokens, logits: Logits::Last }).collect();
@@ -161,11 +208,7 @@ fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result
     let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(&decode_tokens).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
     let decode = model.forward_batch(&mut rows)?;
-    let mut worst = 0f64;
-    for (i, (a, b)) in solo.iter().enumerate() {
-        worst = worst.max(rel_l2(&prefill[i], a)).max(rel_l2(&decode[i], b));
-    }
-    Ok(worst)
+    Ok((prefill, decode))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -271,7 +314,12 @@ fn check_all<G: Backend>(
                 Some(i) if margins[i] < NEAR_TIE => (format!("tie at step {i} (margin {:.1e})", margins[i]), true),
                 Some(i) => (format!("DIFFER at step {i} (margin {:.1e})", margins[i]), false),
             };
-            let batch = batch_vs_solo(&m_gpu, &prompt)?;
+            let (batch_free, batch_forced) = batch_vs_solo(&m_gpu, &prompt)?;
+            let batch = batch_forced.unwrap_or(batch_free);
+            let batch_text = match batch_forced {
+                Some(f) => format!("{batch_free:.2e} free, {f:.2e} forced"),
+                None => format!("{batch_free:.2e}"),
+            };
             // Same backend, same kernels: replayed graphs must give the eager launches' bits.
             let graphed = decode_logits(&m_gpu, &prompt[..8], &tc)?;
             let eager = decode_logits(&m_eager, &prompt[..8], &tc)?;
@@ -280,7 +328,7 @@ fn check_all<G: Backend>(
             let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok;
             failures += usize::from(!ok);
             println!(
-                "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch:.2e} | {same}/{} equal | {} |",
+                "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch_text} | {same}/{} equal | {} |",
                 tolerance(t),
                 prompt.len(),
                 eager.len(),

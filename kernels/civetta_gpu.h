@@ -273,6 +273,27 @@ CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
   return c;
 }
 #endif
+// One 16x16x32 step: C += A[:, 0:16] * B[:, 0:16] + A[:, 16:32] * B[:, 16:32], with a_lo/b_lo the
+// fragments at K offset 0 and a_hi/b_hi at offset 16 (cv_load_frag_i8 of the tile and of tile + 16).
+// The integer sum is exact, so the result equals two cv_mma_i8 calls; NVIDIA issues one
+// mma.sync m16n8k32 per column half instead of two m16n8k16 (half the matrix instructions).
+#if defined(CV_HAS_MMA_SYNC)
+CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo, cv_frag_i8 b_hi, cv_v8i c) {
+  int c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4], c5 = c[5], c6 = c[6], c7 = c[7];
+  // m16n8k32 operands: A {row g k 4t, row g+8 k 4t, row g k 16+4t, row g+8 k 16+4t}, B {k 4t, k 16+4t} of column g.
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
+               : "r"(a_lo.lo), "r"(a_lo.hi), "r"(a_hi.lo), "r"(a_hi.hi), "r"(b_lo.lo), "r"(b_hi.lo));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(c4), "+r"(c5), "+r"(c6), "+r"(c7)
+               : "r"(a_lo.lo), "r"(a_lo.hi), "r"(a_hi.lo), "r"(a_hi.hi), "r"(b_lo.hi), "r"(b_hi.hi));
+  return (cv_v8i){c0, c1, c2, c3, c4, c5, c6, c7};
+}
+#else
+CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo, cv_frag_i8 b_hi, cv_v8i c) {
+  return cv_mma_i8(a_hi, b_hi, cv_mma_i8(a_lo, b_lo, c));
+}
+#endif
 // Row and column of accumulator element i for this lane.
 #if defined(CV_HAS_MMA_SYNC)
 CV_DEVICE int cv_acc_row(int i) { return (int)(cv_lane() >> 2) + 8 * ((i & 3) >> 1); }

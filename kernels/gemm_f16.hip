@@ -1,4 +1,5 @@
-// f16 GEMM on the 16x16x16 matrix step (gfx11 WMMA f16 -> f32; portable fallback elsewhere).
+// f16 GEMM on the 16x16x16 matrix step (gfx11 WMMA f16 -> f32; mma.sync on NVIDIA; portable fallback elsewhere).
+// gemm_f16 is the reference form (one 32-wide K block per stage); the kernels launch gemm_f16_staged.
 //
 //   C[m][n] = sum_k A[m][k] * B[n][k]        ("NT": B holds weights as [N][K])
 //
@@ -68,12 +69,93 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
       }
 }
 
+
+// The launched tiles: gemm_f16's matrix steps in the same K order (so the same result, bit for
+// bit), fed differently: K stages of BK halves per barrier pair instead of 32, and the next
+// stage's global loads issued into registers before this stage's matrix steps and written to
+// shared memory after them, so their latency hides behind the arithmetic.
+template <int ROWS, int BK, int THREADS>
+struct StageF16 {
+  static constexpr int kChunks = BK / 8; // 16-byte chunks (8 halves) per row and stage
+  static constexpr int kVecs = ROWS * kChunks / THREADS;
+  static_assert(ROWS * kChunks % THREADS == 0, "stage splits evenly over the threads");
+  cv_v4i v[kVecs];
+
+  // Loads rows [row0, row0+ROWS) x [k0, k0+BK), zero past `rows` or K.
+  __device__ __attribute__((always_inline)) void fetch(const cv_half* src, int row0, int rows, int K, int k0) {
+    const int tid = (int)cv_tid_x();
+    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
+      const int c = tid + i * THREADS, r = c / kChunks, k = k0 + (c % kChunks) * 8;
+      v[i] = (cv_v4i){0, 0, 0, 0};
+      if (row0 + r < rows && k < K) v[i] = *(const cv_v4i*)(src + (long)(row0 + r) * K + k);
+    }
+  }
+  __device__ __attribute__((always_inline)) void store(cv_half* tile, int stride) const {
+    const int tid = (int)cv_tid_x();
+    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
+      const int c = tid + i * THREADS;
+      *(cv_v4i*)(tile + (c / kChunks) * stride + (c % kChunks) * 8) = v[i];
+    }
+  }
+};
+
+template <int BM, int BN, int WM, int WN, int BK>
+CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {
+  constexpr int kStride = BK + 8; // halves: 16-byte aligned rows, fragment reads conflict-free
+  constexpr int kWavesN = BN / WN;
+  constexpr int kThreads = (BM / WM) * kWavesN * CV_WAVE;
+  constexpr int TM = WM / 16, TN = WN / 16;
+  __shared__ __attribute__((aligned(16))) cv_half a_tile[BM * kStride];
+  __shared__ __attribute__((aligned(16))) cv_half b_tile[BN * kStride];
+
+  const int m0 = (int)cv_bid_y() * BM, n0 = (int)cv_bid_x() * BN;
+  const int wave = (int)cv_tid_x() / CV_WAVE;
+  const int wm = (wave / kWavesN) * WM, wn = (wave % kWavesN) * WN;
+
+  cv_v8f acc[TM][TN];
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+
+  StageF16<BM, BK, kThreads> a_next;
+  StageF16<BN, BK, kThreads> b_next;
+  a_next.fetch(A, m0, M, K, 0);
+  b_next.fetch(B, n0, N, K, 0);
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    a_next.store(a_tile, kStride);
+    b_next.store(b_tile, kStride);
+    cv_sync();
+    if (k0 + BK < K) { // in flight while the matrix steps below run
+      a_next.fetch(A, m0, M, K, k0 + BK);
+      b_next.fetch(B, n0, N, K, k0 + BK);
+    }
+    const int steps = (K - k0 < BK ? K - k0 : BK) / 16;
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s)
+      CV_UNROLL for (int i = 0; i < TM; ++i) {
+        const cv_frag_f16 a = cv_load_frag_f16(a_tile + (wm + i * 16) * kStride + s * 16, kStride);
+        CV_UNROLL for (int j = 0; j < TN; ++j)
+          acc[i][j] = cv_mma_f16(a, cv_load_frag_f16(b_tile + (wn + j * 16) * kStride + s * 16, kStride), acc[i][j]);
+      }
+    cv_sync();
+#if CIVETTA_SCHED_BARRIER
+    CV_SCHED_BARRIER();
+#endif
+  }
+
+  CV_UNROLL for (int i = 0; i < TM; ++i)
+    CV_UNROLL for (int j = 0; j < TN; ++j)
+      CV_UNROLL for (int e = 0; e < 8; ++e) {
+        const int m = m0 + wm + i * 16 + cv_acc_row(e), n = n0 + wn + j * 16 + cv_acc_col(e);
+        if (m < M && n < N) C[(long)m * N + n] = acc[i][j][e];
+      }
+}
+
 } // namespace
 
 #define CIVETTA_GEMM_F16(BM, BN, WM, WN)                                                          \
   CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_f16_##BM##x##BN( \
       const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {                        \
-    gemm_f16<BM, BN, WM, WN>(A, B, C, M, N, K);                                                   \
+    gemm_f16_staged<BM, BN, WM, WN, 64>(A, B, C, M, N, K);                                                 \
   }
 
 CIVETTA_GEMM_F16(64, 64, 32, 32)   // 4 waves, 2x2 steps each

@@ -104,7 +104,9 @@ impl Default for GpuOptions {
 /// The GEMM tile of prefill matmuls (`GpuOptions::gemm_tile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GemmTile {
-    /// 128x128 from 128 rows and 128 output columns, else 64x64.
+    /// 64x64 for every shape: with the staged GEMM kernels (K stages of 128 bytes, register
+    /// prefetch) 64x64 measured faster than or equal to 128x128 at 512 and 2048 rows on an
+    /// H100 (docs/GPU.md, "Staged GEMM"); its 4x more workgroups fill the SMs at pp512.
     Auto,
     T64,
     T128,
@@ -964,8 +966,7 @@ impl<A: GpuApi> GpuBackend<A> {
             return Ok(());
         }
         let big = match self.gemm_tile {
-            GemmTile::Auto => rows >= 128 && n >= 128,
-            GemmTile::T64 => false,
+            GemmTile::Auto | GemmTile::T64 => false,
             GemmTile::T128 => true,
         };
         match &gw.layout {
