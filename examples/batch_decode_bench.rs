@@ -124,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         matvec: arg(&args, "--gpu-matvec", ""),
         batched_attention: args.iter().any(|a| a == "--batched-attention"),
         matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
+        gemm_tile: arg(&args, "--gpu-gemm-tile", ""),
         ..Default::default()
     };
     let be = civetta::backend::create_with(&backend, 0, &opts)?;

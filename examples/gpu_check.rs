@@ -30,6 +30,7 @@
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
+//!                  [--gpu-prefill-attention auto|scalar]
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
 use civetta::backend::cpu::CpuBackend;
@@ -217,7 +218,8 @@ fn main() -> anyhow::Result<()> {
     let opts = GpuOptions {
         kernel_dir: arg(&args, "--kernel-dir", "").into(),
         matvec: arg(&args, "--gpu-matvec", ""),
-        // gpu_check is where the MoE path gets verified (engine.gpu.moe is off by default).
+        prefill_attention: arg(&args, "--gpu-prefill-attention", ""),
+        // gpu_check is where the MoE path gets verified (engine.gpu.moe, on by default).
         moe: true,
         ..Default::default()
     };

@@ -9,6 +9,13 @@
 //   32 queries per workgroup, D/32 threads per query up to D = 128 (4), 8 at D = 256 (so
 //   each thread keeps 32 dims of q and of the output in registers), 32-key tiles in LDS.
 //   Grid: (ceil(T/32), Hq); block: 128 threads (D <= 128) or 256 (D = 256).
+// civetta_attn_prefill_mma_d{64,128}: the same contract on the 16x16x16 matrix step (flash
+//   attention: S = Q K^T and O += P V as matrix steps on f16 operands with f32 accumulators, the
+//   online softmax per query row in f32). Q is rounded to f16 after the scale and P before P V
+//   (as llama.cpp's flash-attention kernels do). 64 queries per workgroup (a wave per 16),
+//   32-key tiles: K as [key][d] and V transposed to [d][key] in LDS, each wave's P through LDS
+//   into the A operand's layout. Grid: (ceil(T/64), Hq); block: 128 threads. (D = 256 keeps the
+//   scalar kernel: its Q and O fragments would not fit the registers.)
 // civetta_attn_decode_d{64,128,256}: one query per head against all S keys (T = 1).
 //   4 waves split the keys (each loads 4 keys, 2 at D = 256, per step), each lane owns D/32
 //   dims; the waves merge in LDS.
@@ -101,6 +108,116 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     CV_UNROLL for (int i = 0; i < kDims; ++i) out[((long)t * Hq + head) * D + d0 + i] = acc[i] * inv;
   }
+}
+
+constexpr int kMmaQueries = 64, kMmaWaves = 4, kMmaKeys = 32, kMmaThreads = kMmaWaves * CV_WAVE;
+
+template <int D>
+CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
+                                int S, int Hq, int Hkv, int q_pos0, float scale, int window) {
+  constexpr int kQs = D + 8;        // q and k tile row stride (halves): fragment reads conflict-free
+  constexpr int kVs = kMmaKeys + 8; // V^T and P tile row stride (halves)
+  constexpr int kDt = D / 16;       // 16-wide tiles of the head dimension
+  __shared__ __attribute__((aligned(16))) cv_half q_tile[kMmaQueries * kQs];
+  __shared__ __attribute__((aligned(16))) cv_half k_tile[kMmaKeys * kQs];
+  __shared__ __attribute__((aligned(16))) cv_half vt_tile[D * kVs];
+  __shared__ __attribute__((aligned(16))) cv_half p_tile[kMmaWaves * 16 * kVs];
+
+  const int tid = (int)cv_tid_x(), wave = tid / CV_WAVE;
+  const int head = (int)cv_bid_y(), kv_head = head / (Hq / Hkv);
+  const int t0 = (int)cv_bid_x() * kMmaQueries;
+  const int wq0 = t0 + wave * 16; // this wave's first query
+  const float neg_inf = -__builtin_inff();
+
+  // Q times scale as f16 into LDS (zero rows past T), then this wave's fragments.
+  for (int c = tid; c < kMmaQueries * D; c += kMmaThreads) {
+    const int r = c / D, d = c % D, t = t0 + r;
+    q_tile[r * kQs + d] = (cv_half)(t < T ? q[((long)t * Hq + head) * D + d] * scale : 0.0f);
+  }
+  cv_sync();
+  cv_frag_f16 qf[kDt];
+  CV_UNROLL for (int dt = 0; dt < kDt; ++dt) qf[dt] = cv_load_frag_f16(q_tile + wave * 16 * kQs + dt * 16, kQs);
+
+  // Per accumulator element: the running max of its row, this lane's part of the row's sum.
+  float m[8], l[8];
+  cv_v8f o[kDt];
+  CV_UNROLL for (int e = 0; e < 8; ++e) { m[e] = neg_inf; l[e] = 0.0f; }
+  CV_UNROLL for (int dt = 0; dt < kDt; ++dt) o[dt] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+
+  const int last_t = (t0 + kMmaQueries < T ? t0 + kMmaQueries : T) - 1;
+  const int key_end = q_pos0 + last_t + 1 < S ? q_pos0 + last_t + 1 : S; // causal bound of the workgroup
+  const int key_begin = window > 0 && q_pos0 + t0 - window + 1 > 0 ? q_pos0 + t0 - window + 1 : 0;
+  for (int k0 = key_begin; k0 < key_end; k0 += kMmaKeys) {
+    // K tile as [key][d], V tile transposed to [d][key] (the B operand of P V); zero past S.
+    for (int c = tid; c < kMmaKeys * D / 8; c += kMmaThreads) {
+      const int j = c / (D / 8), d = (c % (D / 8)) * 8, key = k0 + j;
+      cv_v4i kc = {0, 0, 0, 0}, vc = {0, 0, 0, 0};
+      if (key < S) {
+        const long src = ((long)key * Hkv + kv_head) * D + d;
+        kc = *(const cv_v4i*)(k_cache + src);
+        vc = *(const cv_v4i*)(v_cache + src);
+      }
+      *(cv_v4i*)(k_tile + j * kQs + d) = kc;
+      const cv_half* vh = (const cv_half*)&vc;
+      CV_UNROLL for (int i = 0; i < 8; ++i) vt_tile[(d + i) * kVs + j] = vh[i];
+    }
+    cv_sync();
+
+    // Scores of this wave's 16 queries x 32 keys, masked.
+    cv_v8f s[2];
+    CV_UNROLL for (int jt = 0; jt < 2; ++jt) {
+      s[jt] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
+      CV_UNROLL for (int dt = 0; dt < kDt; ++dt)
+        s[jt] = cv_mma_f16(qf[dt], cv_load_frag_f16(k_tile + jt * 16 * kQs + dt * 16, kQs), s[jt]);
+      CV_UNROLL for (int e = 0; e < 8; ++e) {
+        const int key = k0 + jt * 16 + cv_acc_col(e), t = wq0 + cv_acc_row(e), q_pos = q_pos0 + t;
+        const bool visible = t < T && key < S && key <= q_pos && (window <= 0 || key > q_pos - window);
+        if (!visible) s[jt][e] = neg_inf;
+      }
+    }
+    // Online softmax: new row maxima, rescale the sums and outputs, P (f16) into LDS.
+    float corr[8];
+    CV_UNROLL for (int e = 0; e < 8; ++e) {
+      float mx = neg_inf;
+      CV_UNROLL for (int f = 0; f < 8; ++f)
+        if (cv_acc_same_row(e, f)) mx = __builtin_fmaxf(mx, __builtin_fmaxf(s[0][f], s[1][f]));
+      mx = cv_group_max(mx, CV_ACC_ROW_LANES);
+      const float m_new = __builtin_fmaxf(m[e], mx);
+      corr[e] = m_new == neg_inf ? 1.0f : cv_exp(m[e] - m_new);
+      m[e] = m_new;
+      l[e] *= corr[e];
+    }
+    CV_UNROLL for (int jt = 0; jt < 2; ++jt)
+      CV_UNROLL for (int e = 0; e < 8; ++e) {
+        const float p = s[jt][e] == neg_inf ? 0.0f : cv_exp(s[jt][e] - m[e]);
+        l[e] += p;
+        p_tile[(wave * 16 + cv_acc_row(e)) * kVs + jt * 16 + cv_acc_col(e)] = (cv_half)p;
+      }
+    CV_UNROLL for (int dt = 0; dt < kDt; ++dt)
+      CV_UNROLL for (int e = 0; e < 8; ++e) o[dt][e] *= corr[e];
+    cv_sync(); // P visible to the whole wave
+    const cv_frag_f16 p0 = cv_load_frag_f16(p_tile + wave * 16 * kVs, kVs);
+    const cv_frag_f16 p1 = cv_load_frag_f16(p_tile + wave * 16 * kVs + 16, kVs);
+    CV_UNROLL for (int dt = 0; dt < kDt; ++dt) {
+      o[dt] = cv_mma_f16(p0, cv_load_frag_f16(vt_tile + dt * 16 * kVs, kVs), o[dt]);
+      o[dt] = cv_mma_f16(p1, cv_load_frag_f16(vt_tile + dt * 16 * kVs + 16, kVs), o[dt]);
+    }
+    cv_sync(); // before the next tile overwrites K, V^T and P
+  }
+
+  float inv[8];
+  CV_UNROLL for (int e = 0; e < 8; ++e) {
+    float sum = 0.0f;
+    CV_UNROLL for (int f = 0; f < 8; ++f)
+      if (cv_acc_same_row(e, f)) sum += l[f];
+    sum = cv_group_sum(sum, CV_ACC_ROW_LANES);
+    inv[e] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  CV_UNROLL for (int dt = 0; dt < kDt; ++dt)
+    CV_UNROLL for (int e = 0; e < 8; ++e) {
+      const int t = wq0 + cv_acc_row(e);
+      if (t < T) out[((long)t * Hq + head) * D + dt * 16 + cv_acc_col(e)] = o[dt][e] * inv[e];
+    }
 }
 
 template <int D>
@@ -203,3 +320,13 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
 CIVETTA_ATTN(64)
 CIVETTA_ATTN(128)
 CIVETTA_ATTN(256) // Gemma 3
+
+#define CIVETTA_ATTN_MMA(D)                                                                                      \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kMmaThreads) void civetta_attn_prefill_mma_d##D(                                    \
+      const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
+      int q_pos0, float scale, int window) {                                                                     \
+    attn_prefill_mma<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window);                         \
+  }
+
+CIVETTA_ATTN_MMA(64)
+CIVETTA_ATTN_MMA(128)

@@ -113,6 +113,10 @@ CV_DEVICE float cv_group_sum(float v, unsigned width) {
   for (unsigned m = width / 2; m > 0; m >>= 1) v += cv_shfl_xor(v, m);
   return v;
 }
+CV_DEVICE float cv_group_max(float v, unsigned width) {
+  for (unsigned m = width / 2; m > 0; m >>= 1) v = __builtin_fmaxf(v, cv_shfl_xor(v, m));
+  return v;
+}
 
 // ---- 4-way int8 dot product: acc + sum of a.byte[i] * b.byte[i], all signed ----
 CV_DEVICE int cv_dot4_i8(int a, int b, int acc) {
@@ -295,10 +299,17 @@ CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo
 }
 #endif
 // Row and column of accumulator element i for this lane.
+// Row-wise reductions over an accumulator tile (attention's softmax): elements i and j of one
+// lane lie in the same row iff cv_acc_same_row(i, j), and the other elements of that row are
+// held by the CV_ACC_ROW_LANES adjacent lanes of the lane's group (cv_group_sum/max width).
 #if defined(CV_HAS_MMA_SYNC)
 CV_DEVICE int cv_acc_row(int i) { return (int)(cv_lane() >> 2) + 8 * ((i & 3) >> 1); }
 CV_DEVICE int cv_acc_col(int i) { return 8 * (i >> 2) + 2 * (int)(cv_lane() & 3) + (i & 1); }
+CV_DEVICE bool cv_acc_same_row(int i, int j) { return ((i & 3) >> 1) == ((j & 3) >> 1); }
+#define CV_ACC_ROW_LANES 4u
 #else
 CV_DEVICE int cv_acc_row(int i) { return 2 * i + (int)(cv_lane() >> 4); }
 CV_DEVICE int cv_acc_col(int i) { (void)i; return (int)(cv_lane() & 15); }
+CV_DEVICE bool cv_acc_same_row(int i, int j) { return i == j; }
+#define CV_ACC_ROW_LANES 16u
 #endif

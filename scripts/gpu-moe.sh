@@ -2,8 +2,8 @@
 # Mixture of experts on the CUDA backend (issue #15; docs/GPU.md "Mixture of experts"): parity of
 # qwen3moe / qwen2moe against the CPU backend, then a Qwen3-30B-A3B-shaped qwen3moe (Q4_K)
 # benchmarked against llama.cpp's CUDA backend on the same file, with decode against the
-# bandwidth roofline of the parameters a token reads. Written for a later device session:
-# it has NOT run yet (no device was lent on 2026-12-04).
+# bandwidth roofline of the parameters a token reads;
+# first run on an H100 on 2026-12-05 (docs/gpu-runs/2026-12-05-h100-session8).
 #
 # usage (build machine):  scripts/gpu-moe.sh prepare      -> $GPU_DIR (default .gpu/15): stripped,
 #                         xz'd cuda builds of civetta and gpu_check, sm_90 PTX, this script as run.sh
@@ -82,7 +82,7 @@ if has bench; then
   stamp "civetta bench (kernel timing off)"
   $CIV "${BA[@]}" --kernel-timing off > "$O/civetta.json" 2> "$O/civetta.err" || { echo "BENCH FAILED"; tail -5 "$O/civetta.err"; }
   stamp "civetta bench, graphs off (--gpu-eager)"
-  $CIV "${BA[@]}" --kernel-timing off --gpu-eager -r 1 > "$O/civetta-eager.json" 2>> "$O/civetta.err" || echo "EAGER BENCH FAILED"
+  $CIV "${BA[@]}" --kernel-timing off --gpu-eager > "$O/civetta-eager.json" 2>> "$O/civetta.err" || echo "EAGER BENCH FAILED"
   stamp "civetta profile (5% of launches timed, 1 repetition)"
   $CIV bench --backend cuda --gpu-moe --kernel-dir "$K" -m "$M" -p 512 -n 32 -r 1 --prefill-batch 512 --hash-tokens 16 -q -o json \
     --kernel-timing on --sample-rate 0.05 > "$O/civetta-profile.json" 2>> "$O/civetta.err" || echo "PROFILE FAILED"

@@ -474,12 +474,15 @@ pub struct BackendArgs {
     /// GPU prefill GEMM tile: auto (default), 64x64 or 128x128 (for measuring the tile choice).
     #[arg(long)]
     pub gpu_gemm_tile: Option<String>,
+    /// GPU prefill attention: auto (default: the matrix-step kernel for head sizes 64 and 128) or scalar.
+    #[arg(long)]
+    pub gpu_prefill_attention: Option<String>,
     /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
     #[arg(long)]
     pub gpu_matvec: Option<String>,
-    /// GPU: run qwen3moe / qwen2moe models (not yet verified on a device; docs/GPU.md).
-    #[arg(long)]
-    pub gpu_moe: bool,
+    /// GPU: run qwen3moe / qwen2moe models (default true; `--gpu-moe false` refuses them, docs/GPU.md).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_moe: Option<bool>,
 }
 
 impl BackendArgs {
@@ -491,10 +494,11 @@ impl BackendArgs {
             batched_attention: true,
             matvec_max_rows: 0,
             gemm_tile: self.gpu_gemm_tile.clone().unwrap_or_default(),
+            prefill_attention: self.gpu_prefill_attention.clone().unwrap_or_default(),
             weights: String::new(),
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
-            moe: self.gpu_moe,
+            moe: self.gpu_moe.unwrap_or(true),
         }
     }
 }

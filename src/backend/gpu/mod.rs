@@ -60,13 +60,16 @@ pub struct GpuOptions {
     /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster).
     pub batched_attention: bool,
     /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
-    /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (32, since
-    /// the H200 run of 2026-12-05), at most `DP4A_MAX_ROWS` (32).
+    /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (16, since
+    /// the H100 run of 2026-12-05), at most `DP4A_MAX_ROWS` (32).
     pub matvec_max_rows: usize,
-    /// GEMM tile of prefill matmuls: "" (auto: 128x128 from 128 rows and 128 output columns,
-    /// else 64x64), "64x64" or "128x128" for every GEMM. For measuring the tile choice
-    /// (issue #17: at pp512 on a 1536-wide model 128x128 gives 48 workgroups for 132 SMs).
+    /// GEMM tile of prefill matmuls: "" (auto: 64x64, `GemmTile::Auto`), "64x64" or "128x128"
+    /// for every GEMM. For measuring the tile choice.
     pub gemm_tile: String,
+    /// Prefill attention kernel: "" / "auto" (the flash-attention kernel on the matrix step,
+    /// `attn_prefill_mma_d*`, for head sizes 64 and 128; the scalar kernel for 256) or
+    /// "scalar" (`attn_prefill_d*` for every head size). For comparisons and as a way out.
+    pub prefill_attention: String,
     /// Where weights live: "device" (copied to GPU memory) or "host" (the HIP backend maps
     /// the host copy; unified memory on Strix Halo). CUDA supports "device" only.
     pub weights: String,
@@ -78,9 +81,10 @@ pub struct GpuOptions {
     /// "dp4a-g16" / "dp4a-g32" / "dp4a-g64" / "dp4a-g128": the same with that many lanes per row;
     /// "wave": f32 activations, a wave per row (kernels/matvec.hip). For comparisons.
     pub matvec: String,
-    /// Run mixture-of-experts models (qwen3moe, qwen2moe) on the GPU (`moe.rs`). Off by
-    /// default: the path has not been checked against the CPU backend on a device yet
-    /// (docs/GPU.md), and without it such models are refused at load.
+    /// Run mixture-of-experts models (qwen3moe, qwen2moe) on the GPU (`moe.rs`). On by default
+    /// since gpu_check passed them on an H100 (2026-12-05, docs/GPU.md "Mixture of experts":
+    /// forced-routing errors within the dense tolerance, every primary routing flip a near tie);
+    /// false refuses such models at load (the CPU backend runs them).
     pub moe: bool,
 }
 
@@ -93,10 +97,11 @@ impl Default for GpuOptions {
             batched_attention: true,
             matvec_max_rows: 0,
             gemm_tile: String::new(),
+            prefill_attention: String::new(),
             weights: String::new(),
             eager: false,
             matvec: String::new(),
-            moe: false,
+            moe: true,
         }
     }
 }
@@ -261,10 +266,10 @@ const MATVEC_MAX_ROWS: usize = 4;
 /// and take the GEMMs.
 const DP4A_MAX_ROWS: usize = 32;
 
-/// `GpuOptions::matvec_max_rows` when not set: every dp4a build (1, 4, 8, 16 rows). On the H200
-/// (2026-12-05) an 8-row decode step took 4.2 ms with them against 21.3 ms on the 64x64 GEMM
-/// tile, within the parity tolerance (docs/GPU.md "Batched decode").
-const DEFAULT_MATVEC_MAX_ROWS: usize = DP4A_MAX_ROWS;
+/// `GpuOptions::matvec_max_rows` when not set: the dp4a builds up to 16 rows, the staged 64x64
+/// GEMM above. H100, 1.4B Q8_0 (2026-12-05, docs/GPU.md "Staged GEMM"): 8 rows 4.55 ms per step
+/// on the mat-vecs vs 7.41 on the GEMM, 16 rows 8.05 vs 8.41, 32 rows 14.11 vs 10.69.
+const DEFAULT_MATVEC_MAX_ROWS: usize = 16;
 
 /// The kernel images (one per kernels/*.hip) and the functions each exports, with the
 /// block size each is launched with.
@@ -275,6 +280,8 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("attn_prefill_d64", 128),
             ("attn_prefill_d128", 128),
             ("attn_prefill_d256", 256),
+            ("attn_prefill_mma_d64", 128),
+            ("attn_prefill_mma_d128", 128),
             ("attn_decode_d64", 128),
             ("attn_decode_d128", 128),
             ("attn_decode_d256", 128),
@@ -520,6 +527,8 @@ pub struct GpuBackend<A: GpuApi> {
     dp4a_max_rows: usize,
     /// `GpuOptions::gemm_tile`.
     gemm_tile: GemmTile,
+    /// `GpuOptions::prefill_attention`: the matrix-step kernel where the head size has one.
+    prefill_attention_mma: bool,
     /// Device tables of KV cache pointers for batched decode attention (`decode_batch.rs`).
     kv_tables: Mutex<decode_batch::KvTables>,
     tape: Mutex<Tape>,
@@ -578,6 +587,11 @@ impl<A: GpuApi> GpuBackend<A> {
         };
         let matvec_family = MatvecFamily::parse(&opts.matvec)?;
         let gemm_tile = GemmTile::parse(&opts.gemm_tile)?;
+        let prefill_attention_mma = match opts.prefill_attention.as_str() {
+            "" | "auto" => true,
+            "scalar" => false,
+            other => bail!("engine.gpu.prefill_attention = \"{other}\": expected auto or scalar"),
+        };
         let mut kernels = HashMap::new();
         let mut images = HashMap::new();
         let mut variant = "default";
@@ -635,6 +649,7 @@ impl<A: GpuApi> GpuBackend<A> {
             fresh_q8: Mutex::new(None),
             batched_attention: opts.batched_attention,
             gemm_tile,
+            prefill_attention_mma,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
@@ -1527,6 +1542,12 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
             d => return Err(Error::unsupported(self.be(), format!("attention of head_dim {d}"))),
         };
+        // Prefill on the matrix step: 64 queries per workgroup (kernels/attention.hip).
+        let prefill_mma = match s.head_dim {
+            64 if self.prefill_attention_mma => Some("attn_prefill_mma_d64"),
+            128 if self.prefill_attention_mma => Some("attn_prefill_mma_d128"),
+            _ => None,
+        };
         // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
         // captured decode graph) is the same at every step. A windowed layer's key range
         // moves with the position: it is passed from the host (a new graph per step there).
@@ -1561,10 +1582,11 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
                     .f32(scale),
             )
         } else {
+            let (prefill, queries_per_group) = prefill_mma.map_or((prefill, 32), |k| (k, 64));
             self.launch(
                 prefill,
                 s.n_tokens,
-                [s.n_tokens.div_ceil(32), s.n_head, 1],
+                [s.n_tokens.div_ceil(queries_per_group), s.n_head, 1],
                 Args::default()
                     .ptr(q)
                     .ptr(kc)

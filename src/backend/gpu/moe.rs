@@ -23,15 +23,15 @@ use super::*;
 const COPY_MAX_ROWS: usize = 4;
 
 /// Why a GPU backend refuses this model's experts, if it does: gpt-oss (MXFP4 experts, expert
-/// biases, attention sinks) always; qwen3moe and qwen2moe unless `engine.gpu.moe` is on.
+/// biases, attention sinks) always; qwen3moe and qwen2moe when `engine.gpu.moe` is off.
 pub(super) fn refusal(hp: &HParams, moe_enabled: bool) -> Option<String> {
     use crate::model::Arch;
     hp.moe.as_ref()?;
     match hp.arch {
         Arch::Qwen3Moe | Arch::Qwen2Moe if moe_enabled => None,
         Arch::Qwen3Moe | Arch::Qwen2Moe => Some(format!(
-            "{} is a mixture-of-experts model; the GPU MoE path is not verified on a device yet: \
-             use the CPU backend, or opt in with engine.gpu.moe = true (--gpu-moe)",
+            "{} is a mixture-of-experts model and engine.gpu.moe is false: use the CPU backend, \
+             or set engine.gpu.moe = true (--gpu-moe)",
             hp.arch.name()
         )),
         _ => Some(format!("{} (MXFP4 experts, expert biases, attention sinks) runs on the CPU backend only so far", hp.arch.name())),
@@ -89,9 +89,8 @@ impl<A: GpuApi> GpuBackend<A> {
         )
     }
 
-    /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list. Dense
-    /// models (the rows whose logits a batch returns) keep the copies while the MoE path is off,
-    /// so nothing unverified runs by default.
+    /// `Backend::gather_rows`: copies for a few rows, else one kernel over an index list (dense
+    /// models keep the copies when `engine.gpu.moe` is off).
     pub(super) fn gather_rows_dev(&self, src: &GpuBuffer, rows: &[usize], dim: usize, dst: &mut GpuBuffer) -> Result<()> {
         let (s, d) = (src.mem.ptr, dst.mem.ptr);
         if rows.len() <= COPY_MAX_ROWS || !self.moe {
@@ -181,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn moe_models_need_the_opt_in_and_gpt_oss_stays_refused() {
+    fn moe_models_are_refused_only_when_switched_off_and_gpt_oss_always() {
         for arch in ["qwen3moe", "qwen2moe"] {
             let hp = hparams(arch);
             let why = super::refusal(&hp, false).expect("refused without the opt-in");
