@@ -3,10 +3,12 @@
 
 Runs each configuration once per round, ROUNDS rounds, alternating, and prints the median
 tokens/s of pp and tg per configuration. A configuration is either LLAMA (llama-bench from
-build/llama.cpp) or a civetta binary path, optionally with environment settings:
+build/llama.cpp) or a civetta binary path, optionally with environment settings and extra
+`civetta bench` options (words starting with "-"):
   scripts/perf-ab.py 8 target/release/civetta LLAMA
   scripts/perf-ab.py 6 /tmp/civetta-before /tmp/civetta-after
   scripts/perf-ab.py 4 "target/release/civetta CIVETTA_SIMD=scalar" target/release/civetta
+  scripts/perf-ab.py 4 "target/release/civetta --weights-memory=huge_pages" target/release/civetta
 env: MODEL (models/smollm2-135m-instruct-q4_1.gguf), THREADS (2), PP (512), TG (128),
      LLAMA_CPP_DIR (build/llama.cpp)
 On the shared 2-vCPU VMs here one run's speed varies by up to 30%; alternating the
@@ -33,9 +35,9 @@ for _ in range(rounds):
                 samples[c]["tg" if r["n_gen"] > 0 else "pp"] += r["samples_ts"]
             continue
         binary, *settings = c.split()
-        env = dict(os.environ, **dict(s.split("=", 1) for s in settings))
+        env = dict(os.environ, **dict(s.split("=", 1) for s in settings if not s.startswith("-")))
         cmd = [binary, "bench", "-m", model, "-t", threads, "-p", pp, "-n", tg, "-r", "1", "--warmup", "1",
-               "--hash-tokens", "0", "--kernel-timing", "off", "-q", "-o", "json"]
+               "--hash-tokens", "0", "--kernel-timing", "off", "-q", "-o", "json"] + [s for s in settings if s.startswith("-")]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
         for t in json.loads(out.stdout)["tests"]:
             samples[c][t["kind"]] += t["samples_tps"]

@@ -191,6 +191,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         gpu: a.backend.gpu_options(),
         max_active_sequences: 1,
         context_length: a.context,
+        weights_memory: a.backend.weights_memory.unwrap_or_default(),
         ..EngineConfig::default()
     })?;
     let prompt = match (&a.prompt, &a.chat, &a.prompt_tokens) {

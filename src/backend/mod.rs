@@ -480,6 +480,9 @@ pub struct BackendArgs {
     /// GPU decode mat-vec kernels: dp4a (default), dp4a-g32, dp4a-g64, dp4a-g128 or wave.
     #[arg(long)]
     pub gpu_matvec: Option<String>,
+    /// Where the model file's bytes live: mmap or huge_pages (default: engine.weights_memory's).
+    #[arg(long, value_enum)]
+    pub weights_memory: Option<crate::gguf::WeightsMemory>,
     /// GPU: run qwen3moe / qwen2moe models (default true; `--gpu-moe false` refuses them, docs/GPU.md).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_moe: Option<bool>,

@@ -159,6 +159,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
             kernel_timing: args.kernel_timing == "on",
             sample_rate: args.sample_rate,
             prefill_batch: args.prefill_batch,
+            weights_memory: args.backend.weights_memory,
         };
         super::local::run(&plan, &pb)?
     };

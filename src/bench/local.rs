@@ -29,6 +29,7 @@ pub struct LocalPlan {
     pub kernel_timing: bool,
     pub sample_rate: f64,
     pub prefill_batch: usize,
+    pub weights_memory: Option<crate::gguf::WeightsMemory>,
 }
 
 pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Result<BenchReport> {
@@ -49,6 +50,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         max_batch_tokens: plan.prefill_batch,
         kv_cache_bytes: 0,
         kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
+        weights_memory: plan.weights_memory.unwrap_or_default(),
         // One sequence: nothing decodes while it prefills, the slowdown never applies.
         ..EngineConfig::default()
     };

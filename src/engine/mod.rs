@@ -129,7 +129,7 @@ impl Engine {
     /// [`Engine::load`] on a backend made by the caller (`cfg.backend`, `threads` and `gpu`
     /// are not used): tests wrap a backend to watch what the engine asks of it.
     pub fn load_on<B: Backend>(mut cfg: EngineConfig, be: Arc<B>) -> anyhow::Result<Engine> {
-        let file = Arc::new(GgufFile::open(&cfg.model_path)?);
+        let file = Arc::new(GgufFile::open_with(&cfg.model_path, cfg.weights_memory)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
         let model = Arc::new(Model::load(file.clone(), be)?);

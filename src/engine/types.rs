@@ -68,6 +68,11 @@ pub struct EngineConfig {
     /// full-attention layers' blocks.
     #[serde(default)]
     pub kv_cache_bytes: u64,
+    /// Where the model file's bytes live: "mmap" (the default: page-cache pages, loaded lazily)
+    /// or "huge_pages" (read into anonymous memory with transparent huge pages at load; the CPU
+    /// backend's decode streams the weights through fewer TLB entries; docs/PERF.md).
+    #[serde(default)]
+    pub weights_memory: crate::gguf::WeightsMemory,
     pub kernel_timing: KernelTimingConfig,
 }
 
@@ -86,6 +91,7 @@ impl Default for EngineConfig {
             max_decode_slowdown: default_max_decode_slowdown(),
             min_prefill_chunk: default_min_prefill_chunk(),
             kv_cache_bytes: 0,
+            weights_memory: Default::default(),
             kernel_timing: KernelTimingConfig::default(),
         }
     }

@@ -11,7 +11,7 @@ pub mod reader;
 pub mod writer;
 
 pub use name::served_model_name;
-pub use reader::{GgufError, GgufFile, MetadataValue, TensorInfo};
+pub use reader::{GgufError, GgufFile, MetadataValue, TensorInfo, WeightsMemory};
 pub use writer::GgufWriter;
 
 #[cfg(test)]

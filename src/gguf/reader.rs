@@ -241,11 +241,29 @@ fn open_regular_file(path: &Path) -> Result<std::fs::File, GgufError> {
     Ok(file)
 }
 
+/// Where a model file's bytes live while it is served (`engine.weights_memory`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum WeightsMemory {
+    /// The file memory-mapped (page-cache pages, shared with other readers, loaded lazily).
+    #[default]
+    Mmap,
+    /// The file read into anonymous memory that asks for transparent huge pages
+    /// (`GgufFile::open_in_huge_pages`): a copy at load, 2 MB pages for the weights' stream.
+    HugePages,
+}
+
 impl GgufFile {
-    /// Memory-maps the file and parses it (with env CIVETTA_HUGEPAGES=1: `open_in_huge_pages`).
+    /// Memory-maps the file and parses it.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::open_with(path, WeightsMemory::Mmap)
+    }
+
+    /// Opens the file with its bytes in `memory`.
+    pub fn open_with(path: impl AsRef<Path>, memory: WeightsMemory) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        if std::env::var_os("CIVETTA_HUGEPAGES").is_some_and(|v| v == "1") {
+        if memory == WeightsMemory::HugePages {
             return Self::open_in_huge_pages(path);
         }
         let io_err = |source| GgufError::Io { path: path.to_path_buf(), source };
@@ -257,11 +275,11 @@ impl GgufFile {
     }
 
     /// Reads the file into anonymous memory that asks for transparent huge pages
-    /// (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode) and parses it. EXPERIMENT (issue
-    /// #18, opt-in through `open`'s env switch): decode streams every weight once per token, and
-    /// from 4 KB page-cache pages of the mmap the 1B Q4_K decoded ~8-16% slower than from 2 MB
-    /// pages on the shared 2-vCPU EPYC (not yet measured on an idle machine). Costs a copy at load
-    /// and, while the page cache still holds the file, its size twice in memory.
+    /// (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode) and parses it, then tells the kernel
+    /// the file's page-cache pages are no longer needed (`POSIX_FADV_DONTNEED`), so the model is
+    /// not held twice. Decode streams every weight once per token: from 4 KB page-cache pages of
+    /// the mmap the 1B Q4_K decoded 8-20% slower than from 2 MB pages on a 2-vCPU KVM guest
+    /// (docs/PERF.md; two-level page walks make TLB misses dearer there than on bare metal).
     pub fn open_in_huge_pages(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         use std::io::Read;
         let path = path.as_ref();
@@ -275,6 +293,12 @@ impl GgufFile {
         #[cfg(target_os = "linux")]
         let _ = anon.advise(memmap2::Advice::HugePage); // a hint: without THP, plain pages
         (&file).read_exact(&mut anon[..]).map_err(io_err)?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on an open descriptor; its result is only advice.
+            let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
         Self::parse(Storage::Mmap(anon.make_read_only().map_err(io_err)?), path)
     }
 

@@ -243,8 +243,8 @@ fn open_maps_a_file_and_hashes_it() {
 
     let f = GgufFile::open(&path).unwrap();
     check_tensors(&f, &datas);
-    // The huge-page copy (an experiment behind CIVETTA_HUGEPAGES=1) reads the same file.
-    let copied = GgufFile::open_in_huge_pages(&path).unwrap();
+    // The huge-page copy (engine.weights_memory = "huge_pages") reads the same file.
+    let copied = GgufFile::open_with(&path, crate::gguf::WeightsMemory::HugePages).unwrap();
     check_tensors(&copied, &datas);
     assert_eq!(copied.sha256_hex(), f.sha256_hex());
     assert!(GgufFile::open_in_huge_pages(dir.path()).unwrap_err().to_string().contains("not a regular file"));
