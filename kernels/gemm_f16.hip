@@ -7,6 +7,7 @@
 // 16-byte aligned; M and N are arbitrary.
 // Grid: (ceil(N/BN), ceil(M/BM)); block: (BM/WM)*(BN/WN)*32 threads.
 #include "civetta_gpu.h"
+#include "gemm_stage.h"
 
 #ifndef CIVETTA_SCHED_BARRIER
 #define CIVETTA_SCHED_BARRIER 0
@@ -73,32 +74,7 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
 // The launched tiles: gemm_f16's matrix steps in the same K order (so the same result, bit for
 // bit), fed differently: K stages of BK halves per barrier pair instead of 32, and the next
 // stage's global loads issued into registers before this stage's matrix steps and written to
-// shared memory after them, so their latency hides behind the arithmetic.
-template <int ROWS, int BK, int THREADS>
-struct StageF16 {
-  static constexpr int kChunks = BK / 8; // 16-byte chunks (8 halves) per row and stage
-  static constexpr int kVecs = ROWS * kChunks / THREADS;
-  static_assert(ROWS * kChunks % THREADS == 0, "stage splits evenly over the threads");
-  cv_v4i v[kVecs];
-
-  // Loads rows [row0, row0+ROWS) x [k0, k0+BK), zero past `rows` or K.
-  __device__ __attribute__((always_inline)) void fetch(const cv_half* src, int row0, int rows, int K, int k0) {
-    const int tid = (int)cv_tid_x();
-    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
-      const int c = tid + i * THREADS, r = c / kChunks, k = k0 + (c % kChunks) * 8;
-      v[i] = (cv_v4i){0, 0, 0, 0};
-      if (row0 + r < rows && k < K) v[i] = *(const cv_v4i*)(src + (long)(row0 + r) * K + k);
-    }
-  }
-  __device__ __attribute__((always_inline)) void store(cv_half* tile, int stride) const {
-    const int tid = (int)cv_tid_x();
-    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
-      const int c = tid + i * THREADS;
-      *(cv_v4i*)(tile + (c / kChunks) * stride + (c % kChunks) * 8) = v[i];
-    }
-  }
-};
-
+// shared memory after them (gemm_stage.h), so their latency hides behind the arithmetic.
 template <int BM, int BN, int WM, int WN, int BK>
 CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {
   constexpr int kStride = BK + 8; // halves: 16-byte aligned rows, fragment reads conflict-free
@@ -116,8 +92,8 @@ CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int
   CV_UNROLL for (int i = 0; i < TM; ++i)
     CV_UNROLL for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
 
-  StageF16<BM, BK, kThreads> a_next;
-  StageF16<BN, BK, kThreads> b_next;
+  StageRows<cv_half, BM, BK, kThreads> a_next;
+  StageRows<cv_half, BN, BK, kThreads> b_next;
   a_next.fetch(A, m0, M, K, 0);
   b_next.fetch(B, n0, N, K, 0);
   for (int k0 = 0; k0 < K; k0 += BK) {

@@ -8,6 +8,7 @@
 // K must be a multiple of 32 and A, W 16-byte aligned; M and N are arbitrary.
 // Grid: (ceil(N/BN), ceil(M/BM)); block: (BM/WM)*(BN/WN)*32 threads.
 #include "civetta_gpu.h"
+#include "gemm_stage.h"
 
 #ifndef CIVETTA_SCHED_BARRIER
 #define CIVETTA_SCHED_BARRIER 0
@@ -99,34 +100,25 @@ CV_DEVICE void gemm_w8a8(const cv_i8* A, const float* sa, const cv_i8* W, const 
 // blocks' fragment reads and the live fragments grow with BK (gemm_w8a8_pipe's spills).
 template <int ROWS, int BK, int THREADS>
 struct Stage {
-  static constexpr int kChunks = BK / 16;            // 16-byte chunks per row and stage
-  static constexpr int kScales = BK / kBlockK;       // scale blocks per row and stage
-  static constexpr int kVecs = ROWS * kChunks / THREADS;
+  static constexpr int kScales = BK / kBlockK; // scale blocks per row and stage
   static constexpr int kScaleRegs = ROWS * kScales / THREADS;
-  static_assert(ROWS * kChunks % THREADS == 0 && ROWS * kScales % THREADS == 0, "stage splits evenly over the threads");
-  cv_v4i v[kVecs];
+  static_assert(ROWS * kScales % THREADS == 0, "stage splits evenly over the threads");
+  StageRows<cv_i8, ROWS, BK, THREADS> data;
   float s[kScaleRegs];
 
   // Loads rows [row0, row0+ROWS) x [k0, k0+BK) (zero past `rows` or K) and their scales.
   template <typename Scale>
   __device__ __attribute__((always_inline)) void fetch(const cv_i8* src, const Scale* src_scales, int row0, int rows, int K, int k0) {
+    data.fetch(src, row0, rows, K, k0);
     const int tid = (int)cv_tid_x();
-    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
-      const int c = tid + i * THREADS, r = c / kChunks, k = k0 + (c % kChunks) * 16;
-      v[i] = (cv_v4i){0, 0, 0, 0};
-      if (row0 + r < rows && k < K) v[i] = *(const cv_v4i*)(src + (long)(row0 + r) * K + k);
-    }
     CV_UNROLL for (int i = 0; i < kScaleRegs; ++i) {
       const int c = tid + i * THREADS, r = c / kScales, kb = k0 / kBlockK + c % kScales;
       s[i] = row0 + r < rows && kb < K / kBlockK ? (float)src_scales[(long)(row0 + r) * (K / kBlockK) + kb] : 0.0f;
     }
   }
   __device__ __attribute__((always_inline)) void store(cv_i8* tile, float* scales, int stride) const {
+    data.store(tile, stride);
     const int tid = (int)cv_tid_x();
-    CV_UNROLL for (int i = 0; i < kVecs; ++i) {
-      const int c = tid + i * THREADS;
-      *(cv_v4i*)(tile + (c / kChunks) * stride + (c % kChunks) * 16) = v[i];
-    }
     CV_UNROLL for (int i = 0; i < kScaleRegs; ++i) scales[tid + i * THREADS] = s[i]; // [row][block]
   }
 };

@@ -31,6 +31,8 @@ KERNELS_CIVETTA ?= $(CARGO) run --quiet --bin civetta --
 KERNEL_FLAGS := -x hip --offload-device-only --no-gpu-bundle-output -nogpuinc -nogpulib \
   -O3 -std=c++17 -mcode-object-version=5 -Wall -Werror
 KERNEL_SOURCES := $(wildcard kernels/*.hip)
+# Every kernel rebuilds when a shared header changes (civetta_gpu.h, gemm_stage.h).
+KERNEL_HEADERS := $(wildcard kernels/*.h)
 KERNEL_NAMES := $(basename $(notdir $(KERNEL_SOURCES)))
 SCHED_BARRIER_KERNELS := gemm_w8a8 gemm_f16 gemm_w8a8_pipe
 
@@ -43,12 +45,12 @@ KERNELS_OUT := $(BUILD)/$(CLANG_TAG)
 
 # $(1) arch, $(2) output stem, $(3) source name, $(4) extra flags
 define kernel_rule
-$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
+$(KERNELS_OUT)/$(1)/$(2).hsaco: kernels/$(3).hip $(KERNEL_HEADERS) $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -c $$< -o $$@ \
 	  -Rpass-analysis=kernel-resource-usage 2> $(KERNELS_OUT)/$(1)/$(2).remarks \
 	  || { cat $(KERNELS_OUT)/$(1)/$(2).remarks; exit 1; }
-$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip kernels/civetta_gpu.h $(KERNEL_DEPS_EXTRA)
+$(KERNELS_OUT)/$(1)/$(2).s: kernels/$(3).hip $(KERNEL_HEADERS) $(KERNEL_DEPS_EXTRA)
 	@mkdir -p $$(@D)
 	$(CLANG) $(KERNEL_FLAGS) --offload-arch=$(1) $(4) -S $$< -o $$@
 KERNEL_OUTPUTS += $(KERNELS_OUT)/$(1)/$(2).hsaco $(KERNELS_OUT)/$(1)/$(2).s
@@ -91,7 +93,7 @@ PTX_FLAGS := -x cuda --cuda-device-only -nocudainc -nocudalib -O3 -std=c++17 -Wa
 PTX_OUT := $(KERNELS_OUT)/$(CUDA_ARCH)
 PTX_OUTPUTS := $(foreach k,$(KERNEL_NAMES),$(PTX_OUT)/$(k).ptx)
 
-$(PTX_OUT)/%.ptx: kernels/%.hip kernels/civetta_gpu.h
+$(PTX_OUT)/%.ptx: kernels/%.hip $(KERNEL_HEADERS)
 	@mkdir -p $(@D)
 	$(CLANG) $(PTX_FLAGS) --cuda-gpu-arch=$(CUDA_ARCH) -S $< -o $@
 
