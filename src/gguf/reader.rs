@@ -277,9 +277,9 @@ impl GgufFile {
     /// Reads the file into anonymous memory that asks for transparent huge pages
     /// (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode) and parses it, then tells the kernel
     /// the file's page-cache pages are no longer needed (`POSIX_FADV_DONTNEED`), so the model is
-    /// not held twice. Decode streams every weight once per token: from 4 KB page-cache pages of
-    /// the mmap the 1B Q4_K decoded 8-20% slower than from 2 MB pages on a 2-vCPU KVM guest
-    /// (docs/PERF.md; two-level page walks make TLB misses dearer there than on bare metal).
+    /// not held twice. Decode streams every weight once per token, so 2 MB pages can save TLB
+    /// misses: on a 2-vCPU KVM guest the 1B Q4_K decoded 13-20% faster from them while the VM was
+    /// busy (session 6), within -4%..+3% of the mmap on a quiet one (session 8; docs/PERF.md).
     pub fn open_in_huge_pages(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         use std::io::Read;
         let path = path.as_ref();

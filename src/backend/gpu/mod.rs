@@ -111,7 +111,7 @@ impl Default for GpuOptions {
 enum GemmTile {
     /// 64x64 for every shape: with the staged GEMM kernels (K stages of 128 bytes, register
     /// prefetch) 64x64 measured faster than or equal to 128x128 at 512 and 2048 rows on an
-    /// H100 (docs/GPU.md, "Staged GEMM"); its 4x more workgroups fill the SMs at pp512.
+    /// H100 (docs/GPU.md, "Issue #17, session 8"); its 4x more workgroups fill the SMs at pp512.
     Auto,
     T64,
     T128,
@@ -267,7 +267,7 @@ const MATVEC_MAX_ROWS: usize = 4;
 const DP4A_MAX_ROWS: usize = 32;
 
 /// `GpuOptions::matvec_max_rows` when not set: the dp4a builds up to 16 rows, the staged 64x64
-/// GEMM above. H100, 1.4B Q8_0 (2026-12-05, docs/GPU.md "Staged GEMM"): 8 rows 4.55 ms per step
+/// GEMM above. H100, 1.4B Q8_0 (2026-12-05, docs/GPU.md "Issue #17, session 8"): 8 rows 4.55 ms per step
 /// on the mat-vecs vs 7.41 on the GEMM, 16 rows 8.05 vs 8.41, 32 rows 14.11 vs 10.69.
 const DEFAULT_MATVEC_MAX_ROWS: usize = 16;
 
