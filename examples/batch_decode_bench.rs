@@ -127,7 +127,7 @@ fn main() -> anyhow::Result<()> {
         gemm_tile: arg(&args, "--gpu-gemm-tile", ""),
         ..Default::default()
     };
-    let be = civetta::backend::create_with(&backend, 0, &opts)?;
+    let be = civetta::backend::create_with(&backend, 0, true, &opts)?;
     civetta::with_backend!(be, be => bench(be, &model_path, &batches, steps, prompt_len, profile, paged))
 }
 

@@ -227,8 +227,8 @@ fn main() -> anyhow::Result<()> {
     let quants = arg(&args, "--quants", "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k");
     let size = arg(&args, "--size", "small");
     let cpu = civetta::backend::create_cpu(0)?;
-    let gpu = civetta::backend::create_with(&backend, 0, &opts)?;
-    let gpu_eager = civetta::backend::create_with(&backend, 0, &GpuOptions { eager: true, ..opts.clone() })?;
+    let gpu = civetta::backend::create_with(&backend, 0, true, &opts)?;
+    let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, ..opts.clone() })?;
     // One name, one backend type: the pair is matched once and the check runs monomorphised.
     #[allow(unreachable_patterns)]
     let failures = match (gpu, gpu_eager) {

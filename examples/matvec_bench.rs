@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
     // benchmark runs monomorphised for it.
     let mut loaded = Vec::new();
     for v in &variants {
-        loaded.push(civetta::backend::create_with(&backend, 0, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
+        loaded.push(civetta::backend::create_with(&backend, 0, true, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
     }
     macro_rules! all_of {
         ($variant:path) => {{

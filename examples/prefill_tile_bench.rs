@@ -6,7 +6,8 @@
 //!
 //! cargo run --release --example prefill_tile_bench -- TYPE [T] [PASSES] [ROWS] [COLS] [TOKENS]
 //! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, or q8_0o (Q8_0 through the offset-form activations,
-//! `quant::Q8_0Offset`, as the AVX-512 matmul runs it); T: 4 (default), 8 or 16, or 1 for the
+//! `quant::Q8_0Offset`, as the AVX-512 matmul runs it), or q4_kx8 (Q4_K repacked eight rows per
+//! group, `quant::q4_k_x8`, as the AVX-512 matmul runs it; T = 1 is its decode step); T: 4 (default), 8 or 16, or 1 for the
 //! one-row dots (`quant::vec_dot_rows`, the decode matvec's step) against each activation row.
 
 use civetta::quant::{self, GgmlType};
@@ -15,7 +16,7 @@ use std::time::Instant;
 
 fn parse_type(s: &str) -> GgmlType {
     match s {
-        "q4_k" => GgmlType::Q4_K,
+        "q4_k" | "q4_kx8" => GgmlType::Q4_K,
         "q5_k" => GgmlType::Q5_K,
         "q6_k" => GgmlType::Q6_K,
         "q8_0" | "q8_0o" => GgmlType::Q8_0,
@@ -58,6 +59,24 @@ fn run<const T: usize>(
     sink
 }
 
+/// The repacked Q4_K: eight-row groups x T activation rows per call.
+fn run_x8<const T: usize>(packed: &[u8], acts: &[u8], rows: usize, cols: usize, tokens: usize) -> f32 {
+    let group_bytes = quant::q4_k_x8::repacked_bytes(8, cols);
+    let act_bytes = acts.len() / tokens;
+    let mut sink = 0f32;
+    let mut out = [[0f32; T]; 8];
+    for r0 in (0..rows).step_by(16) {
+        for tok in (0..tokens - tokens % T).step_by(T) {
+            let a: [&[u8]; T] = std::array::from_fn(|j| &acts[(tok + j) * act_bytes..(tok + j + 1) * act_bytes]);
+            for g in (r0..(r0 + 16).min(rows)).step_by(8) {
+                quant::q4_k_x8::dot_group(&packed[g / 8 * group_bytes..][..group_bytes], a, cols, &mut out);
+                sink += out[0][0];
+            }
+        }
+    }
+    sink
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let name = args.first().map(String::as_str).unwrap_or("q4_k");
@@ -78,6 +97,11 @@ fn main() {
         let x: Vec<f32> = (0..cols).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
         quant::quantize_act_row(fmt, &x, row);
     }
+    let packed = (name == "q4_kx8").then(|| {
+        let mut p = vec![0u8; quant::q4_k_x8::repacked_bytes(rows, cols)];
+        quant::q4_k_x8::repack(&w, rows, cols, &mut p);
+        p
+    });
     let off = (name == "q8_0o").then(|| quant::Q8_0Offset::new(&acts, tokens, cols));
     let start = Instant::now();
     let mut sink = 0f32;
@@ -85,11 +109,16 @@ fn main() {
     let mut best = f64::INFINITY;
     for _ in 0..passes {
         let pass = Instant::now();
-        sink += match tile {
-            16 => run::<16>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
-            8 => run::<8>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
-            1 => run::<1>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
-            _ => run::<4>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+        sink += match (tile, &packed) {
+            (8, Some(p)) => run_x8::<8>(p, &acts, rows, cols, tokens),
+            (1, Some(p)) => run_x8::<1>(p, &acts, rows, cols, tokens),
+            (_, Some(p)) => run_x8::<4>(p, &acts, rows, cols, tokens),
+            _ => match tile {
+                16 => run::<16>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+                8 => run::<8>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+                1 => run::<1>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+                _ => run::<4>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
+            },
         };
         best = best.min(pass.elapsed().as_secs_f64());
     }

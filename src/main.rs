@@ -192,6 +192,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         max_active_sequences: 1,
         context_length: a.context,
         weights_memory: a.backend.weights_memory.unwrap_or_default(),
+        cpu_repack: a.backend.cpu_repack.unwrap_or(true),
         ..EngineConfig::default()
     })?;
     let prompt = match (&a.prompt, &a.chat, &a.prompt_tokens) {
@@ -292,7 +293,7 @@ fn info(a: InfoArgs) -> anyhow::Result<()> {
 
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     let tokens = parse_ids(&a.tokens)?;
-    let be = civetta::backend::create_with(&a.backend.backend, a.threads, &a.backend.gpu_options())?;
+    let be = civetta::backend::create_with(&a.backend.backend, a.threads, a.backend.cpu_repack.unwrap_or(true), &a.backend.gpu_options())?;
     let (n_vocab, all) = civetta::with_backend!(be, be => {
         let model = civetta::model::load_file(&a.model, be)?;
         (model.hp.n_vocab, civetta::model::all_logits(&model, &tokens)?)

@@ -483,6 +483,10 @@ pub struct BackendArgs {
     /// Where the model file's bytes live: mmap or huge_pages (default: engine.weights_memory's).
     #[arg(long, value_enum)]
     pub weights_memory: Option<crate::gguf::WeightsMemory>,
+    /// CPU: repack Q4_K matrices at load for the eight-row AVX-512 kernel (default true:
+    /// engine.cpu_repack's; `--cpu-repack false` keeps the row-by-row dots).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub cpu_repack: Option<bool>,
     /// GPU: run qwen3moe / qwen2moe models (default true; `--gpu-moe false` refuses them, docs/GPU.md).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_moe: Option<bool>,
@@ -554,20 +558,22 @@ impl LoadedBackend {
     }
 }
 
-/// The CPU backend on `threads` threads (0: one per physical core).
+/// The CPU backend on `threads` threads (0: one per physical core), Q4_K repacked at load.
 pub fn create_cpu(threads: usize) -> anyhow::Result<Arc<cpu::CpuBackend>> {
     Ok(Arc::new(cpu::CpuBackend::new(threads)?))
 }
 
 /// Creates the CPU backend, or a GPU backend with default options (see [`create_with`]).
 pub fn create(name: &str, threads: usize) -> anyhow::Result<LoadedBackend> {
-    create_with(name, threads, &gpu::GpuOptions::default())
+    create_with(name, threads, true, &gpu::GpuOptions::default())
 }
 
 /// Creates the backend named in the config: "cpu", "hip", "cuda", or "auto" (the first GPU
 /// backend that finds a device, else the CPU one, saying so in the log). A GPU backend asked
 /// for by name never falls back: without its device it is an error.
-pub fn create_with(name: &str, threads: usize, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<LoadedBackend> {
+/// `cpu_repack`: whether the CPU backend repacks Q4_K matrices at load (`engine.cpu_repack`).
+pub fn create_with(name: &str, threads: usize, cpu_repack: bool, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<LoadedBackend> {
+    let create_cpu = |threads| anyhow::Ok(Arc::new(cpu::CpuBackend::with_options(threads, cpu_repack)?));
     match name {
         "cpu" => Ok(LoadedBackend::Cpu(create_cpu(threads)?)),
         "auto" => {

@@ -160,6 +160,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
             sample_rate: args.sample_rate,
             prefill_batch: args.prefill_batch,
             weights_memory: args.backend.weights_memory,
+            cpu_repack: args.backend.cpu_repack,
         };
         super::local::run(&plan, &pb)?
     };

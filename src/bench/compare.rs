@@ -105,7 +105,19 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
     if base.settings.threads != new.settings.threads {
         problems.push(format!("different thread counts ({} vs {})", base.settings.threads, new.settings.threads));
     }
-    let comparable = problems.iter().all(|p| p.starts_with("different thread"));
+    if base.settings.cpu_q4_k_repacked != new.settings.cpu_q4_k_repacked {
+        let says = |r: &BenchReport| match r.settings.cpu_q4_k_repacked {
+            Some(true) => "repacked",
+            Some(false) => "row-by-row",
+            None => "not recorded",
+        };
+        problems.push(format!(
+            "different CPU Q4_K layouts ({} vs {}): their float orders differ, so may their hashes",
+            says(base),
+            says(new)
+        ));
+    }
+    let comparable = problems.iter().all(|p| p.starts_with("different thread") || p.starts_with("different CPU Q4_K"));
     if !problems.is_empty() {
         let head = if comparable { "NOTE" } else { "NOT COMPARABLE" };
         for p in &problems {

@@ -30,6 +30,7 @@ pub struct LocalPlan {
     pub sample_rate: f64,
     pub prefill_batch: usize,
     pub weights_memory: Option<crate::gguf::WeightsMemory>,
+    pub cpu_repack: Option<bool>,
 }
 
 pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Result<BenchReport> {
@@ -51,6 +52,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         kv_cache_bytes: 0,
         kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
         weights_memory: plan.weights_memory.unwrap_or_default(),
+        cpu_repack: plan.cpu_repack.unwrap_or(true),
         // One sequence: nothing decodes while it prefills, the slowdown never applies.
         ..EngineConfig::default()
     };
@@ -154,6 +156,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
             kernel_timing: plan.kernel_timing,
             sample_rate: plan.sample_rate,
             prefill_batch: plan.prefill_batch,
+            cpu_q4_k_repacked: (info.backend == "cpu").then(|| plan.cpu_repack.unwrap_or(true) && crate::quant::q4_k_x8::available()),
         },
         tests,
         profile,

@@ -47,6 +47,11 @@ pub struct BenchSettings {
     pub kernel_timing: bool,
     pub sample_rate: f64,
     pub prefill_batch: usize,
+    /// CPU backend: whether Q4_K matrices ran repacked (`engine.cpu_repack` on a CPU with the
+    /// kernel): the float order, so the hashes, differ from the row-by-row dots'. None for
+    /// GPU backends and reports written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_q4_k_repacked: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -122,7 +122,7 @@ impl Engine {
     /// chosen at run time; from here on the model and the engine thread are monomorphised
     /// for it.
     pub fn load(cfg: EngineConfig) -> anyhow::Result<Engine> {
-        let be = backend::create_with(&cfg.backend, cfg.threads, &cfg.gpu)?;
+        let be = backend::create_with(&cfg.backend, cfg.threads, cfg.cpu_repack, &cfg.gpu)?;
         crate::with_backend!(be, be => Engine::load_on(cfg, be))
     }
 

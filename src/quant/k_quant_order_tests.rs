@@ -133,7 +133,7 @@ fn any_finite_f16(r: &mut ChaCha8Rng) -> [u8; 2] {
 /// Weight rows that stress the integer paths and the float rounding: random bytes in every
 /// field with d/dmin of any finite f16 (kind 0), with small d (kind 1), every quant and scale
 /// byte 0xFF (largest levels, scales and mins; Q6_K scales -1), every byte 0x7F/0x80 patterns.
-fn stress_weight_row(t: GgmlType, n: usize, kind: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
+pub(super) fn stress_weight_row(t: GgmlType, n: usize, kind: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
     let mut row = vec![0u8; t.row_bytes(n).unwrap()];
     match kind {
         2 => row.fill(0xFF),
@@ -155,7 +155,7 @@ fn stress_weight_row(t: GgmlType, n: usize, kind: usize, r: &mut ChaCha8Rng) -> 
 
 /// Activation rows: quantised data (kind 0), and all quants at +-127 with matching group sums
 /// and a random d (kind 1: the largest integer sums).
-fn stress_act_row(n: usize, kind: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
+pub(super) fn stress_act_row(n: usize, kind: usize, r: &mut ChaCha8Rng) -> Vec<u8> {
     let mut x: Vec<f32> = (0..n).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
     if kind == 1 {
         let sign = if r.gen::<bool>() { 1.0 } else { -1.0 };
@@ -183,7 +183,7 @@ fn the_order_model_is_close_to_the_scalar_reference() {
     }
 }
 
-fn bits_equal(got: f32, want: f32) -> bool {
+pub(super) fn bits_equal(got: f32, want: f32) -> bool {
     got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
 }
 

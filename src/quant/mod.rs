@@ -15,6 +15,7 @@ mod float;
 mod k_quants;
 mod legacy;
 mod mxfp4;
+pub mod q4_k_x8;
 mod q8_0_prefill;
 pub(crate) mod simd;
 
@@ -369,5 +370,7 @@ pub fn simd_level() -> &'static str {
 
 #[cfg(test)]
 mod k_quant_order_tests;
+#[cfg(test)]
+mod q4_k_x8_tests;
 #[cfg(test)]
 mod tests;

@@ -92,6 +92,15 @@ impl CpuBackend {
             }
             return;
         }
+        // Q4_K repacked eight rows per group (matmul_x8.rs) where every weight here has the
+        // copy; a mix runs one weight at a time.
+        let x8 = ws.iter().all(|w| w.data.x8().is_some());
+        if !x8 && ws.len() > 1 && ws.iter().any(|w| w.data.x8().is_some()) {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_many_cpu(&[w], x, rows, &mut [&mut **out]);
+            }
+            return;
+        }
         let fmt = quant::act_format(t);
         let act_bytes = quant::act_row_bytes(fmt, k);
         let w_bytes = t.row_bytes(k).expect("weight row size checked at load");
@@ -101,13 +110,14 @@ impl CpuBackend {
         // sized so that every thread gets several items of equal work (matmul_split).
         let total_rows: usize = ws.iter().map(|w| w.rows).sum();
         let split = MatmulSplit::new(total_rows, rows, self.threads);
-        let block = split.block_rows;
+        // The repacked kernel takes whole groups of eight rows.
+        let block = if x8 { split.block_rows.next_multiple_of(quant::q4_k_x8::GROUP_ROWS) } else { split.block_rows };
         let mut jobs = Vec::with_capacity(ws.len());
         let mut blocks = 0;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             let o = out.as_mut_slice();
             assert!(o.len() >= rows * w.rows, "matmul {}: output too small", w.name);
-            jobs.push((w.data.bytes(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
+            jobs.push((w.data.bytes(), w.data.x8(), w.rows, SendPtr(o.as_mut_ptr()), blocks));
             blocks += w.rows.div_ceil(block);
         }
         let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
@@ -135,13 +145,17 @@ impl CpuBackend {
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
-                    let &(bytes, n, optr, first_block) = jobs.iter().rev().find(|j| j.3 <= b).expect("block 0 belongs to the first weight");
+                    let &(bytes, x8_rows, n, optr, first_block) =
+                        jobs.iter().rev().find(|j| j.4 <= b).expect("block 0 belongs to the first weight");
                     let r0 = (b - first_block) * block;
                     let r1 = (r0 + block).min(n);
                     let (tok0, tok1) = (chunk * tok_chunk, ((chunk + 1) * tok_chunk).min(rows));
-                    let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
+                    if let Some(x8_rows) = x8_rows {
+                        return super::matmul_x8::item(x8_rows, k, r0..r1, tok0..tok1, &act, &store);
+                    }
+                    let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
                     let mut tok = tok0;
                     if let Some(off) = &q8_0_offset {
                         let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];

@@ -18,6 +18,7 @@ use std::sync::Arc;
 mod attention;
 mod elementwise;
 mod matmul;
+mod matmul_x8;
 mod norm;
 mod rope;
 pub mod topology;
@@ -35,10 +36,19 @@ pub type CpuWeight = Weight<MappedWeight>;
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    /// Repack Q4_K matrices at load for the eight-row kernel (`quant::q4_k_x8`) where the CPU
+    /// runs it (`engine.cpu_repack`, default on).
+    repack_q4_k: bool,
 }
 
 impl CpuBackend {
+    /// The backend on `threads` threads (0: one per physical core), Q4_K repacked at load.
     pub fn new(threads: usize) -> anyhow::Result<Self> {
+        Self::with_options(threads, true)
+    }
+
+    /// `new`, saying whether Q4_K matrices are repacked at load (`engine.cpu_repack`).
+    pub fn with_options(threads: usize, repack_q4_k: bool) -> anyhow::Result<Self> {
         // 0: one thread per physical core of the affinity mask (topology.rs).
         let threads = topology::CpuPlacement::detect().threads(threads);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -46,7 +56,7 @@ impl CpuBackend {
             .thread_name(|i| format!("civetta-cpu-{i}"))
             .build()
             .context("creating the CPU thread pool")?;
-        Ok(CpuBackend { pool, threads })
+        Ok(CpuBackend { pool, threads, repack_q4_k })
     }
 
     pub fn threads(&self) -> usize {

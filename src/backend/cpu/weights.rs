@@ -1,22 +1,40 @@
-//! Weights borrowed from the memory-mapped GGUF file (no copy): loading, row views (one
-//! expert of a 3-D tensor), and dequantisation where an op needs f32 (embedding rows, norm
-//! and bias vectors).
+//! Weights borrowed from the memory-mapped GGUF file: loading, row views (one expert of a 3-D
+//! tensor), and dequantisation where an op needs f32 (embedding rows, norm and bias vectors).
+//! Q4_K matrices are also repacked at load, eight rows per group (`quant::q4_k_x8`), where the
+//! CPU runs that kernel and the backend was not told otherwise (`engine.cpu_repack`); the
+//! file's copy stays for embedding rows.
 
 use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::backend::{Error, Result, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::quant;
+use crate::quant::q4_k_x8;
+use rayon::prelude::*;
 use std::sync::Arc;
 
 /// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
-/// row view such as one expert of a 3-D expert tensor, see `weight_rows`).
+/// row view such as one expert of a 3-D expert tensor, see `weight_rows`); for Q4_K also its
+/// repacked copy where the backend made one.
 pub struct MappedWeight {
     file: Arc<GgufFile>,
     index: usize,
     range: Option<std::ops::Range<usize>>,
+    x8: Option<RepackedRows>,
+}
+
+/// The same rows in `quant::q4_k_x8`'s layout: a byte range (whole groups) of the tensor's copy.
+#[derive(Clone)]
+struct RepackedRows {
+    all: Arc<memmap2::Mmap>,
+    range: std::ops::Range<usize>,
 }
 
 impl MappedWeight {
+    /// The rows in `quant::q4_k_x8`'s layout, where the backend repacked them.
+    pub(super) fn x8(&self) -> Option<&[u8]> {
+        self.x8.as_ref().map(|x| &x.all[x.range.clone()])
+    }
+
     pub(super) fn bytes(&self) -> &[u8] {
         let all = self.file.tensor_data(&self.file.tensors[self.index]);
         match &self.range {
@@ -39,13 +57,37 @@ impl CpuBackend {
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
+        let repack = self.repack_q4_k
+            && info.ggml_type == GgmlType::Q4_K
+            && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
+            && cols.is_multiple_of(256)
+            && q4_k_x8::available();
+        let x8 = if repack { Some(self.repack_q4_k_x8(file.tensor_data(info), rows, cols, name)?) } else { None };
         Ok(Weight {
             name: name.to_string(),
             ggml_type: info.ggml_type,
             rows,
             cols,
-            data: MappedWeight { file: file.clone(), index, range: None },
+            data: MappedWeight { file: file.clone(), index, range: None, x8 },
         })
+    }
+
+    /// The repacked copy of a Q4_K tensor, in anonymous memory that asks for transparent huge
+    /// pages (decode streams it once per token: fewer TLB misses, as `weights_memory =
+    /// "huge_pages"` measured), filled by the pool's threads.
+    fn repack_q4_k_x8(&self, src: &[u8], rows: usize, cols: usize, name: &str) -> Result<RepackedRows> {
+        let len = q4_k_x8::repacked_bytes(rows, cols);
+        let mut all = memmap2::MmapMut::map_anon(len)
+            .map_err(|e| Error::Tensor { name: name.to_string(), message: format!("{len} bytes for the repacked copy: {e}") })?;
+        #[cfg(target_os = "linux")]
+        let _ = all.advise(memmap2::Advice::HugePage); // a hint: without THP, plain pages
+        let groups = rows / q4_k_x8::GROUP_ROWS;
+        let (src_group, dst_group) = (src.len() / groups, len / groups);
+        self.pool.install(|| {
+            all.par_chunks_mut(dst_group).zip(src.par_chunks(src_group)).for_each(|(d, s)| q4_k_x8::repack_group(s, cols, d));
+        });
+        let all = all.make_read_only().map_err(|e| Error::Tensor { name: name.to_string(), message: format!("repacked copy: {e}") })?;
+        Ok(RepackedRows { all: Arc::new(all), range: 0..len })
     }
 
     pub(super) fn weight_rows_cpu(&self, w: &CpuWeight, first_row: usize, n_rows: usize, name: &str) -> Result<CpuWeight> {
@@ -59,12 +101,21 @@ impl CpuBackend {
         let row_bytes = row_bytes(w)?;
         let base = cw.range.as_ref().map_or(0, |r| r.start);
         let start = base + first_row * row_bytes;
+        // Whole groups of the repacked copy (one expert of a 3-D tensor is).
+        let x8 =
+            cw.x8.as_ref().filter(|_| first_row.is_multiple_of(q4_k_x8::GROUP_ROWS) && n_rows.is_multiple_of(q4_k_x8::GROUP_ROWS)).map(
+                |x| {
+                    let group = q4_k_x8::repacked_bytes(q4_k_x8::GROUP_ROWS, w.cols);
+                    let at = x.range.start + first_row / q4_k_x8::GROUP_ROWS * group;
+                    RepackedRows { all: x.all.clone(), range: at..at + n_rows / q4_k_x8::GROUP_ROWS * group }
+                },
+            );
         Ok(Weight {
             name: name.to_string(),
             ggml_type: w.ggml_type,
             rows: n_rows,
             cols: w.cols,
-            data: MappedWeight { file: cw.file.clone(), index: cw.index, range: Some(start..start + n_rows * row_bytes) },
+            data: MappedWeight { file: cw.file.clone(), index: cw.index, range: Some(start..start + n_rows * row_bytes), x8 },
         })
     }
 

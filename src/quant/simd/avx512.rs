@@ -17,6 +17,7 @@ use super::super::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_
 use super::GgmlType;
 use std::arch::x86_64::*;
 
+pub(super) mod q4_k_x8;
 pub(super) mod tiles;
 pub(super) mod tiles_multi;
 

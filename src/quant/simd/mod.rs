@@ -73,6 +73,36 @@ pub fn level() -> SimdLevel {
     *LEVEL
 }
 
+/// The AVX-512 level plus VBMI's byte permute (Zen 4/5, Ice Lake and later; not Skylake-SP or
+/// Cascade Lake): what the repacked Q4_K kernel (`q4_k_x8`) needs.
+static Q4_K_X8: Lazy<bool> = Lazy::new(|| {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() == SimdLevel::Avx512Vnni && is_x86_feature_detected!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+});
+
+/// Whether this CPU runs the repacked Q4_K kernel (`quant::q4_k_x8`).
+pub fn has_q4_k_x8() -> bool {
+    *Q4_K_X8
+}
+
+/// The repacked Q4_K kernel (`quant::q4_k_x8::dot_group`).
+///
+/// # Safety
+/// AVX-512 VNNI and VBMI must be available (`q4_k_x8::available`); lengths checked by the caller.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn dot_q4_k_x8<const T: usize>(
+    group: &[u8],
+    act_rows: [&[u8]; T],
+    n: usize,
+    out: &mut [[f32; T]; super::q4_k_x8::GROUP_ROWS],
+) {
+    avx512::q4_k_x8::dot_group(group, act_rows, n, out)
+}
+
 /// The scalar reference dot products.
 pub(crate) fn dot_scalar(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     match t {
