@@ -1,10 +1,12 @@
 //! The CPU backend: rayon threads over the CPU kernels of `crate::quant::simd` (quantised
 //! dot products, f16 attention, activations).
 //!
-//! Weights stay in the memory-mapped GGUF file (no copy); activations are f32 `Vec`s, the
-//! KV cache f16 bits. This file holds the backend, its buffers and the `Backend` trait's
-//! table of ops; each op family lives in its own file: `weights` (loading, row views,
-//! embedding), `matmul` (activation quantisation and the parallel dot products), `norm`,
+//! Weights stay in the memory-mapped GGUF file (no copy), except that Q4_K matrices are also
+//! repacked eight rows per group at load where the CPU runs that kernel (`quant::q4_k_x8`);
+//! activations are f32 `Vec`s, the KV cache f16 bits. This file holds the backend, its buffers
+//! and the `Backend` trait's table of ops; each op family lives in its own file: `weights`
+//! (loading, repacking, row views, embedding), `matmul` (activation quantisation and the
+//! parallel dot products; `matmul_x8` for the repacked Q4_K), `norm`,
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count.
 
