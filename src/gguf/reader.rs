@@ -85,14 +85,17 @@ impl std::fmt::Debug for GgufFile {
 
 /// Owned bytes or a read-only mmap.
 enum Storage {
-    Mmap(memmap2::Mmap),
+    /// A read-only map of the file itself (`weights_memory = "mmap"`).
+    FileMap(memmap2::Mmap),
+    /// Anonymous memory holding a copy (`"huge_pages"`): the only copy of its bytes.
+    Anon(memmap2::Mmap),
     Owned(Vec<u8>),
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m) => m,
+            Storage::FileMap(m) | Storage::Anon(m) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -271,7 +274,7 @@ impl GgufFile {
         // SAFETY: the map is read-only. A file truncated or rewritten underneath a running
         // process is outside what any mmap-based loader can defend against (llama.cpp too).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-        Self::parse(Storage::Mmap(map), path)
+        Self::parse(Storage::FileMap(map), path)
     }
 
     /// Reads the file into anonymous memory that asks for transparent huge pages
@@ -299,7 +302,7 @@ impl GgufFile {
             // SAFETY: a plain syscall on an open descriptor; its result is only advice.
             let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         }
-        Self::parse(Storage::Mmap(anon.make_read_only().map_err(io_err)?), path)
+        Self::parse(Storage::Anon(anon.make_read_only().map_err(io_err)?), path)
     }
 
     /// Parses owned bytes (tests, fuzzing); `path` is used in messages only.
@@ -334,6 +337,34 @@ impl GgufFile {
     ///
     /// # Panics
     /// If `t` does not come from this file and lies outside it (a caller bug).
+    /// Tells the kernel that a tensor's bytes will not be read soon (the CPU backend keeps its
+    /// own repacked copy): where the file is mapped, the whole pages inside the tensor leave this
+    /// process (`MADV_DONTNEED`: a later read faults them back in from the file) and the page
+    /// cache (`POSIX_FADV_DONTNEED`), so a large model is not resident twice. Anonymous and
+    /// owned storage hold the only copy and are left alone. Only advice: errors are ignored.
+    pub fn release_tensor_pages(&self, t: &TensorInfo) {
+        #[cfg(target_os = "linux")]
+        if let Storage::FileMap(map) = &self.storage {
+            let data = self.tensor_data(t);
+            let start = data.as_ptr() as usize - map.as_ptr() as usize;
+            let page = 4096;
+            let (first, last) = (start.next_multiple_of(page), (start + data.len()) / page * page);
+            if last > first {
+                // SAFETY: a read-only shared map of a file: dropping its pages loses nothing,
+                // the next read of them faults the file's bytes back in.
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first) };
+                if let Ok(file) = std::fs::File::open(&self.path) {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: a plain syscall on an open descriptor; its result is only advice.
+                    let _ =
+                        unsafe { libc::posix_fadvise(file.as_raw_fd(), first as i64, (last - first) as i64, libc::POSIX_FADV_DONTNEED) };
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = t;
+    }
+
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let bytes = self.storage.bytes();
         let range = self
@@ -417,6 +448,26 @@ impl GgufFile {
     pub fn sha256_hex(&self) -> String {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
+        // A mapped file is hashed through read(), not the map: reading every page of the map
+        // would make the whole file resident in this process again, repacked tensors included
+        // (`release_tensor_pages`). Falls back to the map if the file cannot be read.
+        if let Storage::FileMap(map) = &self.storage {
+            use std::io::Read;
+            if let Ok(mut file) = std::fs::File::open(&self.path) {
+                let (mut buf, mut read) = (vec![0u8; 1 << 20], 0usize);
+                let mut hashed = Sha256::new();
+                while let Ok(n) = file.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    hashed.update(&buf[..n]);
+                    read += n;
+                }
+                if read == map.len() {
+                    return hex::encode(hashed.finalize());
+                }
+            }
+        }
         for chunk in self.storage.bytes().chunks(1 << 20) {
             h.update(chunk);
         }

@@ -304,3 +304,25 @@ fn info_abbreviates_long_values_unless_asked_for_all() {
     assert_eq!(j["tensor_types"]["f32"]["parameters"], 24);
     assert_eq!(j["total_parameters"], 88);
 }
+
+#[test]
+fn releasing_a_tensors_pages_keeps_its_bytes() {
+    // 64 KiB of data: whole pages inside the tensor, which release_tensor_pages drops from a
+    // file map (they fault back in from the file) and leaves alone in the huge-page copy.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.gguf");
+    let data: Vec<u8> = (0..65536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut w = GgufWriter::new();
+    w.add_tensor("head", &[64], GgmlType::F32, vec![7u8; 256]).unwrap();
+    w.add_tensor("big", &[16384], GgmlType::F32, data.clone()).unwrap();
+    w.write_file(&path).unwrap();
+    for memory in [crate::gguf::WeightsMemory::Mmap, crate::gguf::WeightsMemory::HugePages] {
+        let f = GgufFile::open_with(&path, memory).unwrap();
+        let big = f.tensors.iter().find(|t| t.name == "big").unwrap().clone();
+        assert_eq!(f.tensor_data(&big), &data[..]);
+        f.release_tensor_pages(&big);
+        assert_eq!(f.tensor_data(&big), &data[..], "{memory:?}: bytes after the release");
+        let head = f.tensors.iter().find(|t| t.name == "head").unwrap();
+        assert_eq!(f.tensor_data(head), &[7u8; 256][..]);
+    }
+}

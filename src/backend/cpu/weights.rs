@@ -62,7 +62,14 @@ impl CpuBackend {
             && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
             && cols.is_multiple_of(256)
             && q4_k_x8::available();
-        let x8 = if repack { Some(self.repack_q4_k_x8(file.tensor_data(info), rows, cols, name)?) } else { None };
+        let x8 = if repack {
+            let copy = self.repack_q4_k_x8(file.tensor_data(info), rows, cols, name)?;
+            // The file's pages of this tensor are read again only for embedding rows.
+            file.release_tensor_pages(info);
+            Some(copy)
+        } else {
+            None
+        };
         Ok(Weight {
             name: name.to_string(),
             ggml_type: info.ggml_type,
