@@ -61,7 +61,9 @@ fn real_bench_json_round_trips_and_compares_bit_exact() {
     assert_eq!(report.schema_version, civetta::bench::SCHEMA_VERSION);
     assert_eq!(report.tests.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["pp48", "tg8"]);
     assert!(report.tests.iter().all(|t| t.samples_tps.len() == 2 && t.mean_tps > 0.0));
-    assert!(report.profile.kernels.iter().any(|k| k.kernel == "matmul_q4_k" && k.calls > 0));
+    // matmul_q4_k_x8 where the CPU runs the repacked kernel (engine.cpu_repack).
+    let q4_k = if civetta::quant::q4_k_x8::available() { "matmul_q4_k_x8" } else { "matmul_q4_k" };
+    assert!(report.profile.kernels.iter().any(|k| k.kernel == q4_k && k.calls > 0), "no {q4_k} in the profile");
     let h = report.hashes.as_ref().unwrap();
     assert_eq!(h.completions.len(), 4);
     assert!(h.completions.iter().all(|c| c.tokens == 8 && c.sha256.len() == 64));

@@ -121,7 +121,10 @@ impl CpuBackend {
             blocks += w.rows.div_ceil(block);
         }
         let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
-        self.timed(matmul_kernel_name(t), rows, || {
+        // The repacked kernel has its own name in profiles and metrics: runs with and without
+        // `engine.cpu_repack` differ in it, not only in speed.
+        let kernel = if x8 { "matmul_q4_k_x8" } else { matmul_kernel_name(t) };
+        self.timed(kernel, rows, || {
             self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
                 let quantize = |(r, dst): (usize, &mut [u8])| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
