@@ -333,10 +333,6 @@ impl GgufFile {
         Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, alignment, data_offset, storage, index })
     }
 
-    /// The tensor's data bytes (exactly `size_bytes`; bounds were checked at parse time).
-    ///
-    /// # Panics
-    /// If `t` does not come from this file and lies outside it (a caller bug).
     /// Tells the kernel that a tensor's bytes will not be read soon (the CPU backend keeps its
     /// own repacked copy): where the file is mapped, the whole pages inside the tensor leave this
     /// process (`MADV_DONTNEED`: a later read faults them back in from the file) and the page
@@ -365,6 +361,10 @@ impl GgufFile {
         let _ = t;
     }
 
+    /// The tensor's data bytes (exactly `size_bytes`; bounds were checked at parse time).
+    ///
+    /// # Panics
+    /// If `t` does not come from this file and lies outside it (a caller bug).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let bytes = self.storage.bytes();
         let range = self
