@@ -1,4 +1,5 @@
-//! Per-op cost of a parallel region on the CPU backend's thread pool (rayon), as a decode step
+//! Per-op cost of a parallel region: rayon (the CPU backend's pool below 4 threads) against the
+//! spinning pool it uses from 4 threads (`civetta::backend::cpu::spin_pool::SpinPool`), as a decode step
 //! sees it: one `into_par_iter` over `4 x threads` work items per op, with a stretch of serial
 //! work between ops (the small ops a forward pass runs on one thread: norms, adds, RoPE).
 //! Prints, per thread count and serial gap, the time per op beyond the gap itself: the
@@ -16,11 +17,18 @@ fn spin(d: Duration) {
     }
 }
 
+/// Median after dropping the first (warm-up) sample.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.remove(0);
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
     let threads: Vec<usize> =
         std::env::args().nth(1).map(|s| s.split(',').filter_map(|t| t.parse().ok()).collect()).unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
-    println!("| threads | serial gap µs | overhead per op µs (median of 5 x 2000 ops) |");
-    println!("|---:|---:|---:|");
+    println!("| threads | serial gap µs | rayon µs per op | spinning pool µs per op | (medians of 5 x 2000 ops) |");
+    println!("|---:|---:|---:|---:|---|");
     for &n in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("pool");
         for gap_us in [0u64, 5, 50] {
@@ -39,9 +47,20 @@ fn main() {
                     per_op.push(t.elapsed().as_secs_f64() * 1e6 / ops as f64 - gap_us as f64);
                 }
             });
-            per_op.remove(0); // warm-up
-            per_op.sort_by(f64::total_cmp);
-            println!("| {n} | {gap_us} | {:.2} |", per_op[per_op.len() / 2]);
+            let spin_pool = civetta::backend::cpu::spin_pool::SpinPool::new(n).expect("spinning pool");
+            let mut per_op_spin = Vec::new();
+            for _ in 0..6 {
+                let ops = 2000;
+                let t = Instant::now();
+                for _ in 0..ops {
+                    spin_pool.for_each(4 * n, |j| {
+                        black_box(j);
+                    });
+                    spin(gap);
+                }
+                per_op_spin.push(t.elapsed().as_secs_f64() * 1e6 / ops as f64 - gap_us as f64);
+            }
+            println!("| {n} | {gap_us} | {:.2} | {:.2} | |", median(per_op), median(per_op_spin));
         }
     }
 }

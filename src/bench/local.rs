@@ -63,8 +63,9 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
     let ids = filler_tokens(&engine, need_ctx);
     let placement = crate::backend::cpu::topology::CpuPlacement::detect();
     let threads = placement.threads(plan.threads);
-    if engine.backend_name() == "cpu" {
-        eprintln!("civetta bench: cpu backend, {}", placement.describe(threads));
+    let cpu_pool = (engine.backend_name() == "cpu").then(|| crate::backend::cpu::pool::PoolKind::for_threads(threads).name().to_string());
+    if let Some(pool) = &cpu_pool {
+        eprintln!("civetta bench: cpu backend, {}; {pool} thread pool", placement.describe(threads));
     }
 
     let mut tests = Vec::new();
@@ -157,6 +158,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
             sample_rate: plan.sample_rate,
             prefill_batch: plan.prefill_batch,
             cpu_q4_k_repacked: (info.backend == "cpu").then(|| plan.cpu_repack.unwrap_or(true) && crate::quant::q4_k_x8::available()),
+            cpu_pool,
         },
         tests,
         profile,

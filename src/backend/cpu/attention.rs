@@ -5,7 +5,13 @@
 use super::{CpuBackend, CpuBuffer, CpuKvBuffer};
 use crate::backend::{AttentionShape, KvBlocks, SeqAttention};
 use crate::quant::simd::attention as kernels;
-use rayon::prelude::*;
+use std::cell::RefCell;
+
+thread_local! {
+    /// One thread's attention scratch: a head's q in f16, its accumulator, the group kernel's
+    /// buffers. Nothing is carried from one work item to the next (each overwrites what it reads).
+    static SCRATCH: RefCell<(Vec<u16>, Vec<f32>, kernels::GroupScratch)> = RefCell::new(Default::default());
+}
 
 impl CpuBackend {
     /// `Backend::kv_store_paged`: K and V rows rounded to f16 into their pool rows.
@@ -107,30 +113,31 @@ impl CpuBackend {
         }
         let n_tokens: usize = seqs.iter().map(|a| a.shape.n_tokens).sum();
         self.timed("attention", n_tokens, || {
-            self.pool.install(|| {
-                let (q, o) = (&q[row0 * q_dim..row1 * q_dim], &mut o[row0 * q_dim..row1 * q_dim]);
-                o.par_chunks_mut(q_group).enumerate().for_each_init(
-                    || (vec![0u16; hd], vec![0f32; hd], kernels::GroupScratch::default()),
-                    |(q16, acc, scratch), (idx, out_g)| {
-                        let (row, g) = (idx / s0.n_head_kv, idx % s0.n_head_kv);
-                        let Some(a) = seqs.get(row_seq[row] as usize) else { return };
-                        let t = row + row0 - a.shape.first_row;
-                        let qg = &q[row * q_dim + g * q_group..row * q_dim + (g + 1) * q_group];
-                        let end = a.shape.start_pos + t + 1;
-                        // A sliding-window layer sees only the last `window` positions.
-                        let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
-                        let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
-                        let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                        let sinks = sinks.map(|s| &s[g * group..(g + 1) * group]);
-                        if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
-                            for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
-                                let sink = sinks.map(|s| s[h]);
-                                kernels::attend_row_sink(qh, k, v, rows, scale, sink, q16, acc, out_h);
-                            }
+            let (q, o) = (&q[row0 * q_dim..row1 * q_dim], &mut o[row0 * q_dim..row1 * q_dim]);
+            self.pool.for_each_chunk_mut(o, q_group, |idx, out_g| {
+                // Scratch per thread, kept between calls (either pool's threads live as long
+                // as the backend).
+                SCRATCH.with_borrow_mut(|(q16, acc, scratch)| {
+                    q16.resize(hd, 0);
+                    acc.resize(hd, 0.0);
+                    let (row, g) = (idx / s0.n_head_kv, idx % s0.n_head_kv);
+                    let Some(a) = seqs.get(row_seq[row] as usize) else { return };
+                    let t = row + row0 - a.shape.first_row;
+                    let qg = &q[row * q_dim + g * q_group..row * q_dim + (g + 1) * q_group];
+                    let end = a.shape.start_pos + t + 1;
+                    // A sliding-window layer sees only the last `window` positions.
+                    let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
+                    let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
+                    let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
+                    let sinks = sinks.map(|s| &s[g * group..(g + 1) * group]);
+                    if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
+                        for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
+                            let sink = sinks.map(|s| s[h]);
+                            kernels::attend_row_sink(qh, k, v, rows, scale, sink, q16, acc, out_h);
                         }
-                    },
-                );
-            })
+                    }
+                })
+            });
         })
     }
 }

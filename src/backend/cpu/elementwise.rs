@@ -4,7 +4,6 @@
 
 use super::{weights::weight_f32, CpuBackend, CpuBuffer, CpuWeight, PARALLEL_CHUNK, PARALLEL_ELEMS};
 use crate::quant;
-use rayon::prelude::*;
 
 impl CpuBackend {
     pub(super) fn add_bias_cpu(&self, x: &mut CpuBuffer, b: &CpuWeight, rows: usize) {
@@ -29,8 +28,8 @@ impl CpuBackend {
             let (g, u) = (&mut g[..n], &u[..n]);
             if n >= PARALLEL_ELEMS {
                 // Chunks of a multiple of 16 elements: the same vector lanes as one call.
-                self.pool.install(|| {
-                    g.par_chunks_mut(PARALLEL_CHUNK).zip(u.par_chunks(PARALLEL_CHUNK)).for_each(|(g, u)| quant::simd::silu::swiglu(g, u))
+                self.pool.for_each_chunk_mut(g, PARALLEL_CHUNK, |i, g| {
+                    quant::simd::silu::swiglu(g, &u[i * PARALLEL_CHUNK..i * PARALLEL_CHUNK + g.len()])
                 });
             } else {
                 quant::simd::silu::swiglu(g, u);
@@ -55,7 +54,11 @@ impl CpuBackend {
         self.timed("add", 1, || {
             let add = |(xs, ys): (&mut [f32], &[f32])| xs.iter_mut().zip(ys).for_each(|(a, b)| *a += b);
             if n >= PARALLEL_ELEMS {
-                self.pool.install(|| xs[..n].par_chunks_mut(PARALLEL_CHUNK).zip(ys[..n].par_chunks(PARALLEL_CHUNK)).for_each(add));
+                let ys = &ys[..n];
+                self.pool.for_each_chunk_mut(&mut xs[..n], PARALLEL_CHUNK, |i, xs| {
+                    let len = xs.len();
+                    add((xs, &ys[i * PARALLEL_CHUNK..i * PARALLEL_CHUNK + len]))
+                });
             } else {
                 add((&mut xs[..n], &ys[..n]));
             }

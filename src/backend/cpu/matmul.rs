@@ -5,7 +5,6 @@
 use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::gguf::GgmlType;
 use crate::quant;
-use rayon::prelude::*;
 
 /// Raw pointer for disjoint parallel writes into one output slice.
 #[derive(Clone, Copy)]
@@ -45,7 +44,8 @@ const MAX_BLOCK_ROWS: usize = 16;
 
 /// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
 /// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
-/// least `ITEMS_PER_THREAD` items per thread, so that rayon's stealing evens out the threads
+/// least `ITEMS_PER_THREAD` items per thread, so that the pool's dynamic claiming (rayon's
+/// stealing, the spinning pool's shared counter) evens out the threads
 /// (an item is then at most a quarter of a thread's share), with items as large as that
 /// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,16 +86,12 @@ impl CpuBackend {
         assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
         let Some(first) = ws.first() else { return };
         let (t, k) = (first.ggml_type, first.cols);
-        if ws.iter().any(|w| w.ggml_type != t || w.cols != k) {
-            for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul_many_cpu(&[w], x, rows, &mut [&mut **out]);
-            }
-            return;
-        }
         // Q4_K repacked eight rows per group (matmul_x8.rs) where every weight here has the
-        // copy; a mix runs one weight at a time.
+        // copy. Weights of mixed types or widths, or a mix of repacked and row-by-row ones,
+        // run one weight at a time.
         let x8 = ws.iter().all(|w| w.data.x8().is_some());
-        if !x8 && ws.len() > 1 && ws.iter().any(|w| w.data.x8().is_some()) {
+        let mixed = ws.iter().any(|w| w.ggml_type != t || w.cols != k || w.data.x8().is_some() != x8);
+        if mixed {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
                 self.matmul_many_cpu(&[w], x, rows, &mut [&mut **out]);
             }
@@ -129,7 +125,7 @@ impl CpuBackend {
                 let mut acts = vec![0u8; act_bytes * rows];
                 let quantize = |(r, dst): (usize, &mut [u8])| quant::quantize_act_row(fmt, &x[r * k..(r + 1) * k], dst);
                 if rows >= 4 {
-                    acts.par_chunks_mut(act_bytes).enumerate().for_each(quantize);
+                    self.pool.for_each_chunk_mut(&mut acts, act_bytes, |r, dst| quantize((r, dst)));
                 } else {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
@@ -146,7 +142,7 @@ impl CpuBackend {
                 let q8_0_offset =
                     (t == GgmlType::Q8_0 && rows >= 4 && quant::has_q8_0_offset_tile()).then(|| quant::Q8_0Offset::new(&acts, rows, k));
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
-                (0..blocks * tok_chunks).into_par_iter().for_each(|item| {
+                self.pool.for_each(blocks * tok_chunks, |item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, x8_rows, n, optr, first_block) =
                         jobs.iter().rev().find(|j| j.4 <= b).expect("block 0 belongs to the first weight");

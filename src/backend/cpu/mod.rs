@@ -1,4 +1,4 @@
-//! The CPU backend: rayon threads over the CPU kernels of `crate::quant::simd` (quantised
+//! The CPU backend: a thread pool (`pool`: rayon, or a spinning pool from 4 threads) over the CPU kernels of `crate::quant::simd` (quantised
 //! dot products, f16 attention, activations).
 //!
 //! Weights stay in the memory-mapped GGUF file (no copy), except that Q4_K matrices are also
@@ -8,13 +8,12 @@
 //! (loading, repacking, row views, embedding), `matmul` (activation quantisation and the
 //! parallel dot products; `matmul_x8` for the repacked Q4_K), `norm`,
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
-//! `topology` picks the default thread count.
+//! `topology` picks the default thread count, `pool` / `spin_pool` run the parallel regions.
 
 use super::{AttentionShape, Backend, Error, KvBlocks, Result, RopeScaling, RopeStyle, SeqAttention, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::quant;
-use anyhow::Context;
 use std::sync::Arc;
 
 mod attention;
@@ -22,7 +21,9 @@ mod elementwise;
 mod matmul;
 mod matmul_x8;
 mod norm;
+pub mod pool;
 mod rope;
+pub mod spin_pool;
 pub mod topology;
 mod weights;
 
@@ -36,7 +37,7 @@ pub type CpuKvBuffer = Vec<u16>;
 pub type CpuWeight = Weight<MappedWeight>;
 
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: pool::CpuPool,
     threads: usize,
     /// Repack Q4_K matrices at load for the eight-row kernel (`quant::q4_k_x8`) where the CPU
     /// runs it (`engine.cpu_repack`, default on).
@@ -53,12 +54,17 @@ impl CpuBackend {
     pub fn with_options(threads: usize, repack_q4_k: bool) -> anyhow::Result<Self> {
         // 0: one thread per physical core of the affinity mask (topology.rs).
         let threads = topology::CpuPlacement::detect().threads(threads);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("civetta-cpu-{i}"))
-            .build()
-            .context("creating the CPU thread pool")?;
-        Ok(CpuBackend { pool, threads, repack_q4_k })
+        Self::with_pool(threads, repack_q4_k, pool::PoolKind::for_threads(threads))
+    }
+
+    /// `with_options` on `threads` threads (not 0) with the pool named (tests compare them).
+    pub fn with_pool(threads: usize, repack_q4_k: bool, kind: pool::PoolKind) -> anyhow::Result<Self> {
+        Ok(CpuBackend { pool: pool::CpuPool::new(kind, threads.max(1))?, threads: threads.max(1), repack_q4_k })
+    }
+
+    /// Which pool runs this backend's parallel regions.
+    pub fn pool_kind(&self) -> pool::PoolKind {
+        self.pool.kind()
     }
 
     pub fn threads(&self) -> usize {

@@ -1,7 +1,6 @@
 //! RMS norm as ggml computes it (squares summed in f64), one row per work item.
 
 use super::{weights::weight_f32, CpuBackend, CpuBuffer, CpuWeight, PARALLEL_ELEMS};
-use rayon::prelude::*;
 
 impl CpuBackend {
     pub(super) fn rmsnorm_cpu(&self, x: &CpuBuffer, w: &CpuWeight, rows: usize, dim: usize, eps: f32, out: &mut CpuBuffer) {
@@ -9,12 +8,11 @@ impl CpuBackend {
         let o = out.as_mut_slice();
         let wv = weight_f32(w);
         self.timed("rmsnorm", rows, || {
-            let norm = |(xr, or): (&[f32], &mut [f32])| rmsnorm_row(xr, &wv, eps, or);
             let (x, o) = (&x[..rows * dim], &mut o[..rows * dim]);
             if rows * dim >= PARALLEL_ELEMS {
-                self.pool.install(|| x.par_chunks(dim).zip(o.par_chunks_mut(dim)).for_each(norm));
+                self.pool.for_each_chunk_mut(o, dim, |r, or| rmsnorm_row(&x[r * dim..(r + 1) * dim], &wv, eps, or));
             } else {
-                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(norm);
+                x.chunks(dim).zip(o.chunks_mut(dim)).for_each(|(xr, or)| rmsnorm_row(xr, &wv, eps, or));
             }
         })
     }
@@ -31,7 +29,7 @@ impl CpuBackend {
             };
             let x = &mut x[..rows * dim];
             if rows * dim >= PARALLEL_ELEMS {
-                self.pool.install(|| x.par_chunks_mut(dim).for_each(norm));
+                self.pool.for_each_chunk_mut(x, dim, |_, row| norm(row));
             } else {
                 x.chunks_mut(dim).for_each(norm);
             }

@@ -9,7 +9,6 @@ use crate::backend::{Error, Result, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::quant;
 use crate::quant::q4_k_x8;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
@@ -90,9 +89,8 @@ impl CpuBackend {
         let _ = all.advise(memmap2::Advice::HugePage); // a hint: without THP, plain pages
         let groups = rows / q4_k_x8::GROUP_ROWS;
         let (src_group, dst_group) = (src.len() / groups, len / groups);
-        self.pool.install(|| {
-            all.par_chunks_mut(dst_group).zip(src.par_chunks(src_group)).for_each(|(d, s)| q4_k_x8::repack_group(s, cols, d));
-        });
+        self.pool
+            .for_each_chunk_mut(&mut all[..], dst_group, |g, d| q4_k_x8::repack_group(&src[g * src_group..(g + 1) * src_group], cols, d));
         let all = all.make_read_only().map_err(|e| Error::Tensor { name: name.to_string(), message: format!("repacked copy: {e}") })?;
         Ok(RepackedRows { all: Arc::new(all), range: 0..len })
     }
