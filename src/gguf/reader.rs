@@ -343,7 +343,18 @@ impl GgufFile {
         if let Storage::FileMap(map) = &self.storage {
             let data = self.tensor_data(t);
             let start = data.as_ptr() as usize - map.as_ptr() as usize;
-            let page = 4096;
+            // madvise needs page-aligned ranges and pages are not 4 KiB everywhere (16/64 KiB on
+            // some arm64 kernels), so ask the kernel; 4096 if it cannot say.
+            static PAGE_SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let page = *PAGE_SIZE.get_or_init(|| {
+                // SAFETY: sysconf only reads a system constant.
+                let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+                if n > 0 {
+                    n as usize
+                } else {
+                    4096
+                }
+            });
             let (first, last) = (start.next_multiple_of(page), (start + data.len()) / page * page);
             if last > first {
                 // SAFETY: a read-only shared map of a file: dropping its pages loses nothing,
