@@ -573,9 +573,11 @@ pub fn create(name: &str, threads: usize) -> anyhow::Result<LoadedBackend> {
 /// for by name never falls back: without its device it is an error.
 /// `cpu_repack`: whether the CPU backend repacks Q4_K matrices at load (`engine.cpu_repack`).
 pub fn create_with(name: &str, threads: usize, cpu_repack: bool, gpu_opts: &gpu::GpuOptions) -> anyhow::Result<LoadedBackend> {
-    let create_cpu = |threads| anyhow::Ok(Arc::new(cpu::CpuBackend::with_options(threads, cpu_repack)?));
+    // Not `create_cpu`: that would shadow the public fn above (which always repacks), and a
+    // reader could not tell which of the two a call site runs.
+    let cpu_backend = |threads| anyhow::Ok(Arc::new(cpu::CpuBackend::with_options(threads, cpu_repack)?));
     match name {
-        "cpu" => Ok(LoadedBackend::Cpu(create_cpu(threads)?)),
+        "cpu" => Ok(LoadedBackend::Cpu(cpu_backend(threads)?)),
         "auto" => {
             for gpu_name in compiled_backends().into_iter().filter(|b| *b != "cpu") {
                 match create_gpu(gpu_name, gpu_opts) {
@@ -584,7 +586,7 @@ pub fn create_with(name: &str, threads: usize, cpu_repack: bool, gpu_opts: &gpu:
                 }
             }
             tracing::info!("backend auto: using the CPU backend");
-            Ok(LoadedBackend::Cpu(create_cpu(threads)?))
+            Ok(LoadedBackend::Cpu(cpu_backend(threads)?))
         }
         "hip" | "cuda" => create_gpu(name, gpu_opts),
         other => anyhow::bail!("unknown backend \"{other}\" (expected cpu, hip, cuda or auto)"),

@@ -343,7 +343,18 @@ impl GgufFile {
         if let Storage::FileMap(map) = &self.storage {
             let data = self.tensor_data(t);
             let start = data.as_ptr() as usize - map.as_ptr() as usize;
-            let page = 4096;
+            // madvise needs page-aligned ranges and pages are not 4 KiB everywhere (16/64 KiB on
+            // some arm64 kernels), so ask the kernel; 4096 if it cannot say.
+            static PAGE_SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let page = *PAGE_SIZE.get_or_init(|| {
+                // SAFETY: sysconf only reads a system constant.
+                let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+                if n > 0 {
+                    n as usize
+                } else {
+                    4096
+                }
+            });
             let (first, last) = (start.next_multiple_of(page), (start + data.len()) / page * page);
             if last > first {
                 // SAFETY: a read-only shared map of a file: dropping its pages loses nothing,
@@ -444,30 +455,28 @@ impl GgufFile {
         self.get_str("general.architecture")
     }
 
-    /// sha256 of the whole file, hex, streamed over the map in 1 MiB chunks.
+    /// sha256 of the whole file, hex: a mapped file is read from disk, other storage is
+    /// streamed from memory in 1 MiB chunks.
     pub fn sha256_hex(&self) -> String {
         use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
         // A mapped file is hashed through read(), not the map: reading every page of the map
         // would make the whole file resident in this process again, repacked tensors included
-        // (`release_tensor_pages`). Falls back to the map if the file cannot be read.
+        // (`release_tensor_pages`). Falls back to the map if the file cannot be read whole.
         if let Storage::FileMap(map) = &self.storage {
-            use std::io::Read;
-            if let Ok(mut file) = std::fs::File::open(&self.path) {
-                let (mut buf, mut read) = (vec![0u8; 1 << 20], 0usize);
+            if let Ok(file) = std::fs::File::open(&self.path) {
+                // Sha256 is an io::Write, so io::copy streams the file through it (retrying
+                // EINTR); a read error or a file that changed length since it was mapped
+                // discards this hash and falls back to the map below. The BufReader keeps the
+                // reads at 1 MiB (io::copy reads through a BufReader's own buffer; on a bare
+                // File it would use 8 KiB reads, 128x the syscalls on a 20 GB model).
                 let mut hashed = Sha256::new();
-                while let Ok(n) = file.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    hashed.update(&buf[..n]);
-                    read += n;
-                }
-                if read == map.len() {
+                let mut file = std::io::BufReader::with_capacity(1 << 20, file);
+                if matches!(std::io::copy(&mut file, &mut hashed), Ok(n) if n == map.len() as u64) {
                     return hex::encode(hashed.finalize());
                 }
             }
         }
+        let mut h = Sha256::new();
         for chunk in self.storage.bytes().chunks(1 << 20) {
             h.update(chunk);
         }

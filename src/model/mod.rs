@@ -224,7 +224,7 @@ impl<B: Backend> Model<B> {
                 Ok(None)
             }
         };
-        let token_embd = w("token_embd.weight")?;
+        let token_embd = w(TOKEN_EMBD)?;
         expect_shape(&token_embd, hp.n_embd, hp.n_vocab)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         let expert_load = hp.moe.as_ref().map(|m| Arc::new(moe::ExpertLoad::new(m.n_expert)));
@@ -286,7 +286,7 @@ impl<B: Backend> Model<B> {
             });
         }
         let output_norm = w("output_norm.weight")?;
-        let output = opt("output.weight")?;
+        let output = opt(OUTPUT)?;
         if let Some(o) = &output {
             expect_shape(o, hp.n_embd, hp.n_vocab)?;
         }
@@ -732,6 +732,19 @@ fn workspace_shape_of<B: Backend>(seqs: &[SeqRows<'_, B>]) -> WorkspaceShape {
         })
         .sum();
     WorkspaceShape { rows: rows.max(1), logit_rows }
+}
+
+/// The token embedding and the output projection, as GGUF files name them.
+const TOKEN_EMBD: &str = "token_embd.weight";
+const OUTPUT: &str = "output.weight";
+
+/// Whether the forward pass reads tensor `name` of `file` only row by row, through
+/// `Backend::embed`, and never as a matmul weight: the token embedding of a file with its own
+/// output projection. Without one (tied) the logits matmul runs on the embedding too. A
+/// backend may skip a layout only matmuls read for such a tensor (the CPU backend's Q4_K
+/// repack); `Model::load` decides tied or not from the same two names.
+pub fn embedding_only(file: &GgufFile, name: &str) -> bool {
+    name == TOKEN_EMBD && file.tensor(OUTPUT).is_some()
 }
 
 fn expect_shape<D>(w: &Weight<D>, cols: usize, rows: usize) -> anyhow::Result<()> {

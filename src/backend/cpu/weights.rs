@@ -2,7 +2,8 @@
 //! tensor), and dequantisation where an op needs f32 (embedding rows, norm and bias vectors).
 //! Q4_K matrices are also repacked at load, eight rows per group (`quant::q4_k_x8`), where the
 //! CPU runs that kernel and the backend was not told otherwise (`engine.cpu_repack`); the
-//! file's copy stays for embedding rows.
+//! file's copy stays for embedding rows. An untied token embedding is not repacked: only
+//! embedding rows are read of it (`crate::model::embedding_only`).
 
 use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::backend::{Error, Result, Weight};
@@ -60,7 +61,11 @@ impl CpuBackend {
             && info.ggml_type == GgmlType::Q4_K
             && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
             && cols.is_multiple_of(256)
-            && q4_k_x8::available();
+            && q4_k_x8::available()
+            // An untied token embedding is read only by `embed_cpu`, from the file's rows: a
+            // repacked copy of it would be memory nothing reads (~175 MB on Qwen3-30B Q4_K_M).
+            // Tied, it is the logits matmul's weight too and is repacked like the others.
+            && !crate::model::embedding_only(file, name);
         let x8 = if repack {
             let copy = self.repack_q4_k_x8(file.tensor_data(info), rows, cols, name)?;
             // The file's pages of this tensor are read again only for embedding rows.
@@ -164,4 +169,62 @@ pub(super) fn weight_f32(w: &CpuWeight) -> std::borrow::Cow<'_, [f32]> {
     let mut v = vec![0f32; n];
     quant::dequantize_row(w.ggml_type, bytes, &mut v).expect("norm weight dequantisation");
     std::borrow::Cow::Owned(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::Backend;
+    use crate::gguf::{GgmlType, GgufFile, GgufWriter};
+    use crate::quant::{self, q4_k_x8};
+    use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
+
+    const COLS: usize = 256;
+    const VOCAB: usize = 16;
+
+    /// A file whose Q4_K token embedding (whole groups of rows, so repackable) is either tied
+    /// (no output.weight) or untied (an output.weight of the same shape).
+    fn file(embd: &[u8], untied: bool) -> Arc<GgufFile> {
+        let mut w = GgufWriter::new();
+        w.add_tensor("token_embd.weight", &[COLS as u64, VOCAB as u64], GgmlType::Q4_K, embd.to_vec()).unwrap();
+        if untied {
+            w.add_tensor("output.weight", &[COLS as u64, VOCAB as u64], GgmlType::Q4_K, embd.to_vec()).unwrap();
+        }
+        Arc::new(GgufFile::parse_bytes(w.to_bytes().unwrap(), "embd.gguf").unwrap())
+    }
+
+    #[test]
+    fn an_untied_token_embedding_is_not_repacked_and_embeds_the_same_rows() {
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let row_bytes = GgmlType::Q4_K.row_bytes(COLS).unwrap();
+        let mut embd = vec![0u8; VOCAB * row_bytes];
+        for row in embd.chunks_mut(row_bytes) {
+            let x: Vec<f32> = (0..COLS).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
+            quant::quantize_row(GgmlType::Q4_K, &x, row).unwrap();
+        }
+        let be = CpuBackend::with_options(1, true).unwrap();
+        let (tied, untied) = (file(&embd, false), file(&embd, true));
+        let tied_embd = be.load_weight(&tied, "token_embd.weight").unwrap();
+        let untied_embd = be.load_weight(&untied, "token_embd.weight").unwrap();
+        // Tied, the embedding is the logits matmul's weight: repacked where the CPU runs the
+        // kernel, as the untied output matrix of the same bytes is.
+        assert_eq!(tied_embd.data.x8().is_some(), q4_k_x8::available());
+        assert_eq!(be.load_weight(&untied, "output.weight").unwrap().data.x8().is_some(), q4_k_x8::available());
+        // Untied, only embedding rows are read of it: no repacked copy.
+        assert!(untied_embd.data.x8().is_none());
+        // Both embed the file's rows, bit for bit.
+        let tokens: Vec<u32> = vec![0, 5, 15, 7, 5];
+        let (mut a, mut b) = (vec![0f32; tokens.len() * COLS], vec![0f32; tokens.len() * COLS]);
+        be.embed(&tied_embd, &tokens, &mut a).unwrap();
+        be.embed(&untied_embd, &tokens, &mut b).unwrap();
+        for (t, &id) in tokens.iter().enumerate() {
+            let mut want = vec![0f32; COLS];
+            let id = id as usize;
+            quant::dequantize_row(GgmlType::Q4_K, &embd[id * row_bytes..(id + 1) * row_bytes], &mut want).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a[t * COLS..(t + 1) * COLS]), bits(&want), "tied, token {t}");
+            assert_eq!(bits(&b[t * COLS..(t + 1) * COLS]), bits(&want), "untied, token {t}");
+        }
+    }
 }
