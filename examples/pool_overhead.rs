@@ -1,5 +1,5 @@
-//! Per-op cost of a parallel region: rayon (the CPU backend's pool below 4 threads) against the
-//! spinning pool it uses from 4 threads (`civetta::backend::cpu::spin_pool::SpinPool`), as a decode step
+//! Per-op cost of a parallel region: rayon (the CPU backend's pool below 8 threads) against the
+//! spinning pool it uses from 8 threads (`civetta::backend::cpu::spin_pool::SpinPool`), as a decode step
 //! sees it: one `into_par_iter` over `4 x threads` work items per op, with a stretch of serial
 //! work between ops (the small ops a forward pass runs on one thread: norms, adds, RoPE).
 //! Prints, per thread count and serial gap, the time per op beyond the gap itself: the

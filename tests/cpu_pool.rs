@@ -1,5 +1,5 @@
-//! The CPU backend's two thread pools (src/backend/cpu/pool.rs: rayon below 4 threads, the
-//! spinning pool from 4) give the same logits bit for bit: a region's work items do not depend
+//! The CPU backend's two thread pools (src/backend/cpu/pool.rs: rayon below 8 threads, the
+//! spinning pool from 8) give the same logits bit for bit: a region's work items do not depend
 //! on which thread runs them, nor on the thread count. Whole models, prefill (every position's
 //! logits, so matmuls of many rows, the parallel norms, adds and SwiGLU) and decode.
 

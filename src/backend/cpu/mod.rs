@@ -1,4 +1,4 @@
-//! The CPU backend: a thread pool (`pool`: rayon, or a spinning pool from 4 threads) over the CPU kernels of `crate::quant::simd` (quantised
+//! The CPU backend: a thread pool (`pool`: rayon, or a spinning pool from 8 threads) over the CPU kernels of `crate::quant::simd` (quantised
 //! dot products, f16 attention, activations).
 //!
 //! Weights stay in the memory-mapped GGUF file (no copy), except that Q4_K matrices are also

@@ -1,12 +1,13 @@
 //! The CPU backend's threads: which pool runs its parallel regions, behind one interface.
 //!
 //! Two pools, chosen by thread count (issue #18):
-//! - **rayon** below `SPIN_MIN_THREADS`: at 2 threads (CI, small VMs, the embedded default on
-//!   small machines) the spinning pool measured 22-27% slower decode on the Xeon host
-//!   (docs/PERF.md, "A spinning thread pool instead of rayon").
+//! - **rayon** below `SPIN_MIN_THREADS`: at 2 and 4 threads (CI, small VMs, the embedded
+//!   default on small machines) the spinning pool measured 0.63x / 0.82x decode on the Xeon
+//!   host, where the engine thread and the client shared the cores with the spinners
+//!   (docs/PERF.md, "Session 10").
 //! - **spinning** (`spin_pool::SpinPool`) from `SPIN_MIN_THREADS` up: at 16 threads rayon's
 //!   worker wake-up costs 14-43 µs per region, about the arithmetic of a decode matmul, and the
-//!   spinning pool measured 1.15-1.54x decode there.
+//!   spinning pool measured 1.44x decode on a SmolLM2-shaped model there (1.19x at 8).
 //!
 //! Both run the same work items (a region's items are fixed by the caller, whichever thread
 //! runs them), so the outputs are the same bits with either pool; `tests/cpu_pool.rs` checks
@@ -17,7 +18,7 @@ use anyhow::Context;
 use rayon::prelude::*;
 
 /// The thread count from which the spinning pool runs the regions (below it, rayon).
-pub const SPIN_MIN_THREADS: usize = 4;
+pub const SPIN_MIN_THREADS: usize = 8;
 
 /// Which pool runs the CPU backend's parallel regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
