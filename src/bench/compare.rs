@@ -133,9 +133,12 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
         let says = |r: &BenchReport| r.settings.cpu_pool.clone().unwrap_or_else(|| "not recorded".into());
         problems.push(format!("different CPU thread pools ({} vs {}): same bits, different per-region cost", says(base), says(new)));
     }
-    let comparable = problems
-        .iter()
-        .all(|p| p.starts_with("different thread") || p.starts_with("different CPU Q4_K") || p.starts_with("different CPU Q8_0") || p.starts_with("different CPU thread pools"));
+    let comparable = problems.iter().all(|p| {
+        p.starts_with("different thread")
+            || p.starts_with("different CPU Q4_K")
+            || p.starts_with("different CPU Q8_0")
+            || p.starts_with("different CPU thread pools")
+    });
     if !problems.is_empty() {
         let head = if comparable { "NOTE" } else { "NOT COMPARABLE" };
         for p in &problems {

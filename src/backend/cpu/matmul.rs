@@ -158,8 +158,8 @@ impl CpuBackend {
                 // single activation row (all of plain decode) as one matrix-vector call over
                 // the block's weight rows.
                 let tiles = quant::has_dot_tile(t);
-                let q8_0_offset =
-                    (t == GgmlType::Q8_0 && !x8 && rows >= 4 && quant::has_q8_0_offset_tile()).then(|| quant::Q8_0Offset::new(&acts, rows, k));
+                let q8_0_offset = (t == GgmlType::Q8_0 && !x8 && rows >= 4 && quant::has_q8_0_offset_tile())
+                    .then(|| quant::Q8_0Offset::new(&acts, rows, k));
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 self.pool.for_each(blocks * tok_chunks, |item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);

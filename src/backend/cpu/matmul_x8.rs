@@ -146,7 +146,8 @@ mod tests {
     }
 
     fn repacked_matmuls_give_the_x8_order(t: GgmlType, kernel: &str) {
-        let (available, dot_model): (bool, fn(&[u8], &[u8], usize) -> f32) = match t {
+        type DotModel = fn(&[u8], &[u8], usize) -> f32;
+        let (available, dot_model): (bool, DotModel) = match t {
             GgmlType::Q4_K => (q4_k_x8::available(), q4_k_x8::dot_model),
             _ => (q8_0_x8::available(), q8_0_x8::dot_model),
         };
