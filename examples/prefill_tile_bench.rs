@@ -7,7 +7,8 @@
 //! cargo run --release --example prefill_tile_bench -- TYPE [T] [PASSES] [ROWS] [COLS] [TOKENS]
 //! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, or q8_0o (Q8_0 through the offset-form activations,
 //! `quant::Q8_0Offset`, as the AVX-512 matmul runs it), or q4_kx8 (Q4_K repacked eight rows per
-//! group, `quant::q4_k_x8`, as the AVX-512 matmul runs it; T = 1 is its decode step); T: 4 (default), 8 or 16, or 1 for the
+//! group, `quant::q4_k_x8`, as the AVX-512 matmul runs it; T = 1 is its decode step), or q8_0x8
+//! (Q8_0 likewise, `quant::q8_0_x8`, its activation rows prepared once outside the timing); T: 4 (default), 8 or 16, or 1 for the
 //! one-row dots (`quant::vec_dot_rows`, the decode matvec's step) against each activation row.
 
 use civetta::quant::{self, GgmlType};
@@ -19,7 +20,7 @@ fn parse_type(s: &str) -> GgmlType {
         "q4_k" | "q4_kx8" => GgmlType::Q4_K,
         "q5_k" => GgmlType::Q5_K,
         "q6_k" => GgmlType::Q6_K,
-        "q8_0" | "q8_0o" => GgmlType::Q8_0,
+        "q8_0" | "q8_0o" | "q8_0x8" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         "q5_0" => GgmlType::Q5_0,
         other => panic!("unknown type {other}"),
@@ -59,9 +60,9 @@ fn run<const T: usize>(
     sink
 }
 
-/// The repacked Q4_K: eight-row groups x T activation rows per call.
-fn run_x8<const T: usize>(packed: &[u8], acts: &[u8], rows: usize, cols: usize, tokens: usize) -> f32 {
-    let group_bytes = quant::q4_k_x8::repacked_bytes(8, cols);
+/// The repacked Q4_K or Q8_0: eight-row groups x T activation rows per call.
+fn run_x8<const T: usize>(q8_0: bool, packed: &[u8], acts: &[u8], rows: usize, cols: usize, tokens: usize) -> f32 {
+    let group_bytes = if q8_0 { quant::q8_0_x8::repacked_bytes(8, cols) } else { quant::q4_k_x8::repacked_bytes(8, cols) };
     let act_bytes = acts.len() / tokens;
     let mut sink = 0f32;
     let mut out = [[0f32; T]; 8];
@@ -69,7 +70,12 @@ fn run_x8<const T: usize>(packed: &[u8], acts: &[u8], rows: usize, cols: usize, 
         for tok in (0..tokens - tokens % T).step_by(T) {
             let a: [&[u8]; T] = std::array::from_fn(|j| &acts[(tok + j) * act_bytes..(tok + j + 1) * act_bytes]);
             for g in (r0..(r0 + 16).min(rows)).step_by(8) {
-                quant::q4_k_x8::dot_group(&packed[g / 8 * group_bytes..][..group_bytes], a, cols, &mut out);
+                let group = &packed[g / 8 * group_bytes..][..group_bytes];
+                if q8_0 {
+                    quant::q8_0_x8::dot_group(group, a, cols, &mut out);
+                } else {
+                    quant::q4_k_x8::dot_group(group, a, cols, &mut out);
+                }
                 sink += out[0][0];
             }
         }
@@ -102,6 +108,19 @@ fn main() {
         quant::q4_k_x8::repack(&w, rows, cols, &mut p);
         p
     });
+    let q8_0 = name == "q8_0x8";
+    let (packed, acts) = if q8_0 {
+        let mut p = vec![0u8; quant::q8_0_x8::repacked_bytes(rows, cols)];
+        quant::q8_0_x8::repack(&w, rows, cols, &mut p);
+        let pb = quant::q8_0_x8::act_bytes(cols);
+        let mut prepared = vec![0u8; tokens * pb];
+        for (a, d) in acts.chunks(act_bytes).zip(prepared.chunks_mut(pb)) {
+            quant::q8_0_x8::prepare_act_row(a, cols, d);
+        }
+        (Some(p), prepared)
+    } else {
+        (packed, acts)
+    };
     let off = (name == "q8_0o").then(|| quant::Q8_0Offset::new(&acts, tokens, cols));
     let start = Instant::now();
     let mut sink = 0f32;
@@ -110,9 +129,9 @@ fn main() {
     for _ in 0..passes {
         let pass = Instant::now();
         sink += match (tile, &packed) {
-            (8, Some(p)) => run_x8::<8>(p, &acts, rows, cols, tokens),
-            (1, Some(p)) => run_x8::<1>(p, &acts, rows, cols, tokens),
-            (_, Some(p)) => run_x8::<4>(p, &acts, rows, cols, tokens),
+            (8, Some(p)) => run_x8::<8>(q8_0, p, &acts, rows, cols, tokens),
+            (1, Some(p)) => run_x8::<1>(q8_0, p, &acts, rows, cols, tokens),
+            (_, Some(p)) => run_x8::<4>(q8_0, p, &acts, rows, cols, tokens),
             _ => match tile {
                 16 => run::<16>(t, &w, &acts, off.as_ref(), rows, cols, tokens),
                 8 => run::<8>(t, &w, &acts, off.as_ref(), rows, cols, tokens),

@@ -117,13 +117,28 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
             says(new)
         ));
     }
+    if base.settings.cpu_q8_0_repacked != new.settings.cpu_q8_0_repacked {
+        let says = |r: &BenchReport| match r.settings.cpu_q8_0_repacked {
+            Some(true) => "repacked",
+            Some(false) => "row-by-row",
+            None => "not recorded",
+        };
+        problems.push(format!(
+            "different CPU Q8_0 layouts ({} vs {}): their float orders differ, so may their hashes",
+            says(base),
+            says(new)
+        ));
+    }
     if base.settings.cpu_pool != new.settings.cpu_pool {
         let says = |r: &BenchReport| r.settings.cpu_pool.clone().unwrap_or_else(|| "not recorded".into());
         problems.push(format!("different CPU thread pools ({} vs {}): same bits, different per-region cost", says(base), says(new)));
     }
-    let comparable = problems
-        .iter()
-        .all(|p| p.starts_with("different thread") || p.starts_with("different CPU Q4_K") || p.starts_with("different CPU thread pools"));
+    let comparable = problems.iter().all(|p| {
+        p.starts_with("different thread")
+            || p.starts_with("different CPU Q4_K")
+            || p.starts_with("different CPU Q8_0")
+            || p.starts_with("different CPU thread pools")
+    });
     if !problems.is_empty() {
         let head = if comparable { "NOTE" } else { "NOT COMPARABLE" };
         for p in &problems {

@@ -158,6 +158,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
             sample_rate: plan.sample_rate,
             prefill_batch: plan.prefill_batch,
             cpu_q4_k_repacked: (info.backend == "cpu").then(|| plan.cpu_repack.unwrap_or(true) && crate::quant::q4_k_x8::available()),
+            cpu_q8_0_repacked: (info.backend == "cpu").then(|| plan.cpu_repack.unwrap_or(true) && crate::quant::q8_0_x8::available()),
             cpu_pool,
         },
         tests,

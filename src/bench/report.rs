@@ -52,6 +52,10 @@ pub struct BenchSettings {
     /// GPU backends and reports written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_q4_k_repacked: Option<bool>,
+    /// CPU backend: whether Q8_0 matrices ran repacked (`quant::q8_0_x8`; same meaning as
+    /// `cpu_q4_k_repacked`). None for GPU backends and reports written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_q8_0_repacked: Option<bool>,
     /// CPU backend: which thread pool ran the regions ("rayon" below 8 threads, "spin" from 8;
     /// `CIVETTA_CPU_POOL` overrides). Same bits either way; None for GPU backends and older reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]

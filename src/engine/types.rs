@@ -73,9 +73,10 @@ pub struct EngineConfig {
     /// backend's decode streams the weights through fewer TLB entries; docs/PERF.md).
     #[serde(default)]
     pub weights_memory: crate::gguf::WeightsMemory,
-    /// CPU backend: repack Q4_K matrices at load, eight rows per group, for the AVX-512 VNNI +
-    /// VBMI kernel (`quant::q4_k_x8`; about 2x the row-by-row dot's speed, a different float
-    /// order; docs/PERF.md). Default true; no effect on other CPUs or backends.
+    /// CPU backend: repack Q4_K and Q8_0 matrices at load, eight rows per group, for the AVX-512
+    /// VNNI (+ VBMI for Q4_K) kernels (`quant::q4_k_x8`, about 2x the row-by-row dot's speed;
+    /// `quant::q8_0_x8`; a different float order; docs/PERF.md). Default true; no effect on
+    /// other CPUs or backends.
     #[serde(default = "default_true")]
     pub cpu_repack: bool,
     pub kernel_timing: KernelTimingConfig,

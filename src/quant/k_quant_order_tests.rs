@@ -121,7 +121,7 @@ fn avx512_order_dot(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// A random finite f16 over the whole exponent range (subnormals, zeros, 65504 included).
-fn any_finite_f16(r: &mut ChaCha8Rng) -> [u8; 2] {
+pub(super) fn any_finite_f16(r: &mut ChaCha8Rng) -> [u8; 2] {
     loop {
         let bits: u16 = r.gen();
         if (bits >> 10) & 0x1F != 0x1F {

@@ -17,6 +17,7 @@ mod legacy;
 mod mxfp4;
 pub mod q4_k_x8;
 mod q8_0_prefill;
+pub mod q8_0_x8;
 pub(crate) mod simd;
 
 pub use crate::gguf::GgmlType;
@@ -372,5 +373,7 @@ pub fn simd_level() -> &'static str {
 mod k_quant_order_tests;
 #[cfg(test)]
 mod q4_k_x8_tests;
+#[cfg(test)]
+mod q8_0_x8_tests;
 #[cfg(test)]
 mod tests;

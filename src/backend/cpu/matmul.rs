@@ -86,8 +86,8 @@ impl CpuBackend {
         assert_eq!(ws.len(), outs.len(), "matmul_many: one output per weight");
         let Some(first) = ws.first() else { return };
         let (t, k) = (first.ggml_type, first.cols);
-        // Q4_K repacked eight rows per group (matmul_x8.rs) where every weight here has the
-        // copy. Weights of mixed types or widths, or a mix of repacked and row-by-row ones,
+        // Q4_K or Q8_0 repacked eight rows per group (matmul_x8.rs) where every weight here has
+        // the copy. Weights of mixed types or widths, or a mix of repacked and row-by-row ones,
         // run one weight at a time.
         let x8 = ws.iter().all(|w| w.data.x8().is_some());
         let mixed = ws.iter().any(|w| w.ggml_type != t || w.cols != k || w.data.x8().is_some() != x8);
@@ -119,7 +119,8 @@ impl CpuBackend {
         let (tok_chunk, tok_chunks) = (split.token_rows, rows.div_ceil(split.token_rows));
         // The repacked kernel has its own name in profiles and metrics: runs with and without
         // `engine.cpu_repack` differ in it, not only in speed.
-        let kernel = if x8 { "matmul_q4_k_x8" } else { matmul_kernel_name(t) };
+        let x8_layout = first.data.x8().map(|x| x.layout).filter(|_| x8);
+        let kernel = x8_layout.map_or(matmul_kernel_name(t), |l| l.kernel_name());
         self.timed(kernel, rows, || {
             self.pool.install(|| {
                 let mut acts = vec![0u8; act_bytes * rows];
@@ -130,6 +131,24 @@ impl CpuBackend {
                     acts.chunks_mut(act_bytes).enumerate().for_each(quantize);
                 }
                 let act = |tok: usize| &acts[tok * act_bytes..(tok + 1) * act_bytes];
+                // The repacked Q8_0 kernel reads its activation rows rearranged
+                // (`quant::q8_0_x8::prepare_act_row`: two blocks' quants interleaved, f32 scales,
+                // the -128 * sum(a) corrections of its unsigned weights).
+                let x8_act_bytes = quant::q8_0_x8::act_bytes(k);
+                let q8_0_x8_acts = (x8_layout == Some(super::weights::X8Layout::Q8_0)).then(|| {
+                    let mut p = vec![0u8; x8_act_bytes * rows];
+                    let prepare = |r: usize, dst: &mut [u8]| quant::q8_0_x8::prepare_act_row(act(r), k, dst);
+                    if rows >= 4 {
+                        self.pool.for_each_chunk_mut(&mut p, x8_act_bytes, prepare);
+                    } else {
+                        p.chunks_mut(x8_act_bytes).enumerate().for_each(|(r, d)| prepare(r, d));
+                    }
+                    p
+                });
+                let x8_act = |tok: usize| match &q8_0_x8_acts {
+                    Some(p) => &p[tok * x8_act_bytes..(tok + 1) * x8_act_bytes],
+                    None => act(tok),
+                };
                 // Within an item, where the type has tile kernels: one weight row by eight
                 // activation rows while eight are left where `prefill_tile_rows` says 8 (the
                 // AVX-512 Q4_K/Q5_K tiles; Q8_0 on AVX-512 reads its activations in the offset
@@ -139,8 +158,8 @@ impl CpuBackend {
                 // single activation row (all of plain decode) as one matrix-vector call over
                 // the block's weight rows.
                 let tiles = quant::has_dot_tile(t);
-                let q8_0_offset =
-                    (t == GgmlType::Q8_0 && rows >= 4 && quant::has_q8_0_offset_tile()).then(|| quant::Q8_0Offset::new(&acts, rows, k));
+                let q8_0_offset = (t == GgmlType::Q8_0 && !x8 && rows >= 4 && quant::has_q8_0_offset_tile())
+                    .then(|| quant::Q8_0Offset::new(&acts, rows, k));
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 self.pool.for_each(blocks * tok_chunks, |item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
@@ -152,7 +171,7 @@ impl CpuBackend {
                     // SAFETY (every store below): (tok, r) pairs are disjoint across work items.
                     let store = |tok: usize, r: usize, v: f32| unsafe { *optr.at(tok * n + r) = v };
                     if let Some(x8_rows) = x8_rows {
-                        return super::matmul_x8::item(x8_rows, k, r0..r1, tok0..tok1, &act, &store);
+                        return super::matmul_x8::item(x8_rows, k, r0..r1, tok0..tok1, &x8_act, &store);
                     }
                     let w_block = &bytes[r0 * w_bytes..r1 * w_bytes];
                     let mut tok = tok0;

@@ -1,12 +1,13 @@
 //! The CPU backend: a thread pool (`pool`: rayon, or a spinning pool from 8 threads) over the CPU kernels of `crate::quant::simd` (quantised
 //! dot products, f16 attention, activations).
 //!
-//! Weights stay in the memory-mapped GGUF file (no copy), except that Q4_K matrices are also
-//! repacked eight rows per group at load where the CPU runs that kernel (`quant::q4_k_x8`);
+//! Weights stay in the memory-mapped GGUF file (no copy), except that Q4_K and Q8_0 matrices
+//! are also repacked eight rows per group at load where the CPU runs those kernels
+//! (`quant::q4_k_x8`, `quant::q8_0_x8`);
 //! activations are f32 `Vec`s, the KV cache f16 bits. This file holds the backend, its buffers
 //! and the `Backend` trait's table of ops; each op family lives in its own file: `weights`
 //! (loading, repacking, row views, embedding), `matmul` (activation quantisation and the
-//! parallel dot products; `matmul_x8` for the repacked Q4_K), `norm`,
+//! parallel dot products; `matmul_x8` for the repacked Q4_K and Q8_0), `norm`,
 //! `rope`, `attention` (KV store and attention), `elementwise` (adds, scaling, activations);
 //! `topology` picks the default thread count, `pool` / `spin_pool` run the parallel regions.
 
@@ -39,8 +40,9 @@ pub type CpuWeight = Weight<MappedWeight>;
 pub struct CpuBackend {
     pool: pool::CpuPool,
     threads: usize,
-    /// Repack Q4_K matrices at load for the eight-row kernel (`quant::q4_k_x8`) where the CPU
-    /// runs it (`engine.cpu_repack`, default on).
+    /// Repack Q4_K and Q8_0 matrices at load for the eight-row kernels (`quant::q4_k_x8`,
+    /// `quant::q8_0_x8`) where the CPU runs them (`engine.cpu_repack`, default on). (The name
+    /// predates Q8_0.)
     repack_q4_k: bool,
 }
 

@@ -1,20 +1,20 @@
 //! Weights borrowed from the memory-mapped GGUF file: loading, row views (one expert of a 3-D
 //! tensor), and dequantisation where an op needs f32 (embedding rows, norm and bias vectors).
-//! Q4_K matrices are also repacked at load, eight rows per group (`quant::q4_k_x8`), where the
-//! CPU runs that kernel and the backend was not told otherwise (`engine.cpu_repack`); the
-//! file's copy stays for embedding rows. An untied token embedding is not repacked: only
+//! Q4_K and Q8_0 matrices are also repacked at load, eight rows per group (`quant::q4_k_x8`,
+//! `quant::q8_0_x8`), where the CPU runs that kernel and the backend was not told otherwise
+//! (`engine.cpu_repack`); the file's copy stays for embedding rows. An untied token embedding is not repacked: only
 //! embedding rows are read of it (`crate::model::embedding_only`).
 
 use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::backend::{Error, Result, Weight};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::quant;
-use crate::quant::q4_k_x8;
+use crate::quant::{q4_k_x8, q8_0_x8};
 use std::sync::Arc;
 
 /// A weight borrowed from the mmap of its file: the whole tensor, or a byte range of it (a
-/// row view such as one expert of a 3-D expert tensor, see `weight_rows`); for Q4_K also its
-/// repacked copy where the backend made one.
+/// row view such as one expert of a 3-D expert tensor, see `weight_rows`); for Q4_K and Q8_0
+/// also its repacked copy where the backend made one.
 pub struct MappedWeight {
     file: Arc<GgufFile>,
     index: usize,
@@ -22,17 +22,78 @@ pub struct MappedWeight {
     x8: Option<RepackedRows>,
 }
 
-/// The same rows in `quant::q4_k_x8`'s layout: a byte range (whole groups) of the tensor's copy.
+/// The same rows in a repacked layout: a byte range (whole groups) of the tensor's copy.
 #[derive(Clone)]
 struct RepackedRows {
+    layout: X8Layout,
     all: Arc<memmap2::Mmap>,
     range: std::ops::Range<usize>,
 }
 
+/// The repacked layouts of eight rows per group, one per weight type that has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum X8Layout {
+    /// `quant::q4_k_x8`.
+    Q4K,
+    /// `quant::q8_0_x8`.
+    Q8_0,
+}
+
+impl X8Layout {
+    /// The layout a matrix of type `t` is repacked into on this CPU, if any.
+    fn for_type(t: GgmlType) -> Option<X8Layout> {
+        match t {
+            GgmlType::Q4_K if q4_k_x8::available() => Some(X8Layout::Q4K),
+            GgmlType::Q8_0 if q8_0_x8::available() => Some(X8Layout::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Whether a matrix of `cols` columns can be repacked (its rows whole groups is checked apart).
+    fn takes_cols(self, cols: usize) -> bool {
+        match self {
+            X8Layout::Q4K => cols.is_multiple_of(256),
+            X8Layout::Q8_0 => cols.is_multiple_of(32),
+        }
+    }
+
+    /// Bytes of `rows` (whole groups) of `cols` columns in this layout.
+    pub(super) fn bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            X8Layout::Q4K => q4_k_x8::repacked_bytes(rows, cols),
+            X8Layout::Q8_0 => q8_0_x8::repacked_bytes(rows, cols),
+        }
+    }
+
+    fn repack_group(self, src: &[u8], cols: usize, dst: &mut [u8]) {
+        match self {
+            X8Layout::Q4K => q4_k_x8::repack_group(src, cols, dst),
+            X8Layout::Q8_0 => q8_0_x8::repack_group(src, cols, dst),
+        }
+    }
+
+    /// The matmul's name in profiles and metrics: runs with and without `engine.cpu_repack`
+    /// differ in it, not only in speed.
+    pub(super) fn kernel_name(self) -> &'static str {
+        match self {
+            X8Layout::Q4K => "matmul_q4_k_x8",
+            X8Layout::Q8_0 => "matmul_q8_0_x8",
+        }
+    }
+}
+
+/// Rows of a weight in a repacked layout (`MappedWeight::x8`).
+#[derive(Clone, Copy)]
+pub(super) struct X8Rows<'a> {
+    pub(super) layout: X8Layout,
+    pub(super) bytes: &'a [u8],
+}
+
 impl MappedWeight {
-    /// The rows in `quant::q4_k_x8`'s layout, where the backend repacked them.
-    pub(super) fn x8(&self) -> Option<&[u8]> {
-        self.x8.as_ref().map(|x| &x.all[x.range.clone()])
+    /// The rows in a repacked layout (`quant::q4_k_x8`, `quant::q8_0_x8`), where the backend
+    /// repacked them.
+    pub(super) fn x8(&self) -> Option<X8Rows<'_>> {
+        self.x8.as_ref().map(|x| X8Rows { layout: x.layout, bytes: &x.all[x.range.clone()] })
     }
 
     pub(super) fn bytes(&self) -> &[u8] {
@@ -57,17 +118,17 @@ impl CpuBackend {
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
-        let repack = self.repack_q4_k
-            && info.ggml_type == GgmlType::Q4_K
-            && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
-            && cols.is_multiple_of(256)
-            && q4_k_x8::available()
-            // An untied token embedding is read only by `embed_cpu`, from the file's rows: a
-            // repacked copy of it would be memory nothing reads (~175 MB on Qwen3-30B Q4_K_M).
-            // Tied, it is the logits matmul's weight too and is repacked like the others.
-            && !crate::model::embedding_only(file, name);
-        let x8 = if repack {
-            let copy = self.repack_q4_k_x8(file.tensor_data(info), rows, cols, name)?;
+        let layout = X8Layout::for_type(info.ggml_type).filter(|l| {
+            self.repack_q4_k
+                && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
+                && l.takes_cols(cols)
+                // An untied token embedding is read only by `embed_cpu`, from the file's rows: a
+                // repacked copy of it would be memory nothing reads (~175 MB on Qwen3-30B Q4_K_M).
+                // Tied, it is the logits matmul's weight too and is repacked like the others.
+                && !crate::model::embedding_only(file, name)
+        });
+        let x8 = if let Some(layout) = layout {
+            let copy = self.repack_x8(layout, file.tensor_data(info), rows, cols, name)?;
             // The file's pages of this tensor are read again only for embedding rows.
             file.release_tensor_pages(info);
             Some(copy)
@@ -83,11 +144,11 @@ impl CpuBackend {
         })
     }
 
-    /// The repacked copy of a Q4_K tensor, in anonymous memory that asks for transparent huge
-    /// pages (decode streams it once per token: fewer TLB misses, as `weights_memory =
+    /// The repacked copy of a Q4_K or Q8_0 tensor, in anonymous memory that asks for transparent
+    /// huge pages (decode streams it once per token: fewer TLB misses, as `weights_memory =
     /// "huge_pages"` measured), filled by the pool's threads.
-    fn repack_q4_k_x8(&self, src: &[u8], rows: usize, cols: usize, name: &str) -> Result<RepackedRows> {
-        let len = q4_k_x8::repacked_bytes(rows, cols);
+    fn repack_x8(&self, layout: X8Layout, src: &[u8], rows: usize, cols: usize, name: &str) -> Result<RepackedRows> {
+        let len = layout.bytes(rows, cols);
         let mut all = memmap2::MmapMut::map_anon(len)
             .map_err(|e| Error::Tensor { name: name.to_string(), message: format!("{len} bytes for the repacked copy: {e}") })?;
         #[cfg(target_os = "linux")]
@@ -95,9 +156,9 @@ impl CpuBackend {
         let groups = rows / q4_k_x8::GROUP_ROWS;
         let (src_group, dst_group) = (src.len() / groups, len / groups);
         self.pool
-            .for_each_chunk_mut(&mut all[..], dst_group, |g, d| q4_k_x8::repack_group(&src[g * src_group..(g + 1) * src_group], cols, d));
+            .for_each_chunk_mut(&mut all[..], dst_group, |g, d| layout.repack_group(&src[g * src_group..(g + 1) * src_group], cols, d));
         let all = all.make_read_only().map_err(|e| Error::Tensor { name: name.to_string(), message: format!("repacked copy: {e}") })?;
-        Ok(RepackedRows { all: Arc::new(all), range: 0..len })
+        Ok(RepackedRows { layout, all: Arc::new(all), range: 0..len })
     }
 
     pub(super) fn weight_rows_cpu(&self, w: &CpuWeight, first_row: usize, n_rows: usize, name: &str) -> Result<CpuWeight> {
@@ -115,9 +176,9 @@ impl CpuBackend {
         let x8 =
             cw.x8.as_ref().filter(|_| first_row.is_multiple_of(q4_k_x8::GROUP_ROWS) && n_rows.is_multiple_of(q4_k_x8::GROUP_ROWS)).map(
                 |x| {
-                    let group = q4_k_x8::repacked_bytes(q4_k_x8::GROUP_ROWS, w.cols);
+                    let group = x.layout.bytes(q4_k_x8::GROUP_ROWS, w.cols);
                     let at = x.range.start + first_row / q4_k_x8::GROUP_ROWS * group;
-                    RepackedRows { all: x.all.clone(), range: at..at + n_rows / q4_k_x8::GROUP_ROWS * group }
+                    RepackedRows { layout: x.layout, all: x.all.clone(), range: at..at + n_rows / q4_k_x8::GROUP_ROWS * group }
                 },
             );
         Ok(Weight {
@@ -176,55 +237,60 @@ mod tests {
     use crate::backend::cpu::CpuBackend;
     use crate::backend::Backend;
     use crate::gguf::{GgmlType, GgufFile, GgufWriter};
-    use crate::quant::{self, q4_k_x8};
+    use crate::quant::{self, q4_k_x8, q8_0_x8};
     use rand::{Rng, SeedableRng};
     use std::sync::Arc;
 
     const COLS: usize = 256;
     const VOCAB: usize = 16;
 
-    /// A file whose Q4_K token embedding (whole groups of rows, so repackable) is either tied
-    /// (no output.weight) or untied (an output.weight of the same shape).
-    fn file(embd: &[u8], untied: bool) -> Arc<GgufFile> {
+    /// A file whose token embedding of type t (whole groups of rows, so repackable) is either
+    /// tied (no output.weight) or untied (an output.weight of the same shape).
+    fn file(t: GgmlType, embd: &[u8], untied: bool) -> Arc<GgufFile> {
         let mut w = GgufWriter::new();
-        w.add_tensor("token_embd.weight", &[COLS as u64, VOCAB as u64], GgmlType::Q4_K, embd.to_vec()).unwrap();
+        w.add_tensor("token_embd.weight", &[COLS as u64, VOCAB as u64], t, embd.to_vec()).unwrap();
         if untied {
-            w.add_tensor("output.weight", &[COLS as u64, VOCAB as u64], GgmlType::Q4_K, embd.to_vec()).unwrap();
+            w.add_tensor("output.weight", &[COLS as u64, VOCAB as u64], t, embd.to_vec()).unwrap();
         }
         Arc::new(GgufFile::parse_bytes(w.to_bytes().unwrap(), "embd.gguf").unwrap())
     }
 
     #[test]
     fn an_untied_token_embedding_is_not_repacked_and_embeds_the_same_rows() {
+        untied_embedding_case(GgmlType::Q4_K, q4_k_x8::available());
+        untied_embedding_case(GgmlType::Q8_0, q8_0_x8::available());
+    }
+
+    fn untied_embedding_case(t: GgmlType, available: bool) {
         let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-        let row_bytes = GgmlType::Q4_K.row_bytes(COLS).unwrap();
+        let row_bytes = t.row_bytes(COLS).unwrap();
         let mut embd = vec![0u8; VOCAB * row_bytes];
         for row in embd.chunks_mut(row_bytes) {
             let x: Vec<f32> = (0..COLS).map(|_| r.gen::<f32>() * 2.0 - 1.0).collect();
-            quant::quantize_row(GgmlType::Q4_K, &x, row).unwrap();
+            quant::quantize_row(t, &x, row).unwrap();
         }
         let be = CpuBackend::with_options(1, true).unwrap();
-        let (tied, untied) = (file(&embd, false), file(&embd, true));
+        let (tied, untied) = (file(t, &embd, false), file(t, &embd, true));
         let tied_embd = be.load_weight(&tied, "token_embd.weight").unwrap();
         let untied_embd = be.load_weight(&untied, "token_embd.weight").unwrap();
         // Tied, the embedding is the logits matmul's weight: repacked where the CPU runs the
         // kernel, as the untied output matrix of the same bytes is.
-        assert_eq!(tied_embd.data.x8().is_some(), q4_k_x8::available());
-        assert_eq!(be.load_weight(&untied, "output.weight").unwrap().data.x8().is_some(), q4_k_x8::available());
+        assert_eq!(tied_embd.data.x8().is_some(), available, "{t}");
+        assert_eq!(be.load_weight(&untied, "output.weight").unwrap().data.x8().is_some(), available, "{t}");
         // Untied, only embedding rows are read of it: no repacked copy.
-        assert!(untied_embd.data.x8().is_none());
+        assert!(untied_embd.data.x8().is_none(), "{t}");
         // Both embed the file's rows, bit for bit.
         let tokens: Vec<u32> = vec![0, 5, 15, 7, 5];
         let (mut a, mut b) = (vec![0f32; tokens.len() * COLS], vec![0f32; tokens.len() * COLS]);
         be.embed(&tied_embd, &tokens, &mut a).unwrap();
         be.embed(&untied_embd, &tokens, &mut b).unwrap();
-        for (t, &id) in tokens.iter().enumerate() {
+        for (i, &id) in tokens.iter().enumerate() {
             let mut want = vec![0f32; COLS];
             let id = id as usize;
-            quant::dequantize_row(GgmlType::Q4_K, &embd[id * row_bytes..(id + 1) * row_bytes], &mut want).unwrap();
+            quant::dequantize_row(t, &embd[id * row_bytes..(id + 1) * row_bytes], &mut want).unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a[t * COLS..(t + 1) * COLS]), bits(&want), "tied, token {t}");
-            assert_eq!(bits(&b[t * COLS..(t + 1) * COLS]), bits(&want), "untied, token {t}");
+            assert_eq!(bits(&a[i * COLS..(i + 1) * COLS]), bits(&want), "{t} tied, token {i}");
+            assert_eq!(bits(&b[i * COLS..(i + 1) * COLS]), bits(&want), "{t} untied, token {i}");
         }
     }
 }

@@ -123,6 +123,7 @@ pub async fn run(plan: &RemotePlan, progress: &indicatif::ProgressBar) -> anyhow
             sample_rate: 1.0,
             prefill_batch: 0,
             cpu_q4_k_repacked: None,
+            cpu_q8_0_repacked: None,
             cpu_pool: None,
         },
         tests: Vec::new(),

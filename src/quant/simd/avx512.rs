@@ -18,6 +18,7 @@ use super::GgmlType;
 use std::arch::x86_64::*;
 
 pub(super) mod q4_k_x8;
+pub(super) mod q8_0_x8;
 pub(super) mod tiles;
 pub(super) mod tiles_multi;
 

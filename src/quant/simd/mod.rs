@@ -103,6 +103,25 @@ pub(crate) unsafe fn dot_q4_k_x8<const T: usize>(
     avx512::q4_k_x8::dot_group(group, act_rows, n, out)
 }
 
+/// Whether this CPU runs the repacked Q8_0 kernel (`quant::q8_0_x8`): the AVX-512 VNNI level.
+pub fn has_q8_0_x8() -> bool {
+    level() == SimdLevel::Avx512Vnni
+}
+
+/// The repacked Q8_0 kernel (`quant::q8_0_x8::dot_group`).
+///
+/// # Safety
+/// AVX-512 VNNI must be available (`q8_0_x8::available`); lengths checked by the caller.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn dot_q8_0_x8<const T: usize>(
+    group: &[u8],
+    act_rows: [&[u8]; T],
+    n: usize,
+    out: &mut [[f32; T]; super::q8_0_x8::GROUP_ROWS],
+) {
+    avx512::q8_0_x8::dot_group(group, act_rows, n, out)
+}
+
 /// The scalar reference dot products.
 pub(crate) fn dot_scalar(t: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     match t {
