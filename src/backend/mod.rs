@@ -483,7 +483,7 @@ pub struct BackendArgs {
     /// Where the model file's bytes live: mmap or huge_pages (default: engine.weights_memory's).
     #[arg(long, value_enum)]
     pub weights_memory: Option<crate::gguf::WeightsMemory>,
-    /// CPU: repack Q4_K matrices at load for the eight-row AVX-512 kernel (default true:
+    /// CPU: repack Q4_K and Q8_0 matrices at load for the eight-row AVX-512 kernels (default true:
     /// engine.cpu_repack's; `--cpu-repack false` keeps the row-by-row dots).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub cpu_repack: Option<bool>,

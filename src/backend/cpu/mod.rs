@@ -41,27 +41,26 @@ pub struct CpuBackend {
     pool: pool::CpuPool,
     threads: usize,
     /// Repack Q4_K and Q8_0 matrices at load for the eight-row kernels (`quant::q4_k_x8`,
-    /// `quant::q8_0_x8`) where the CPU runs them (`engine.cpu_repack`, default on). (The name
-    /// predates Q8_0.)
-    repack_q4_k: bool,
+    /// `quant::q8_0_x8`) where the CPU runs them (`engine.cpu_repack`, default on).
+    repack_x8: bool,
 }
 
 impl CpuBackend {
-    /// The backend on `threads` threads (0: one per physical core), Q4_K repacked at load.
+    /// The backend on `threads` threads (0: one per physical core), Q4_K and Q8_0 repacked at load.
     pub fn new(threads: usize) -> anyhow::Result<Self> {
         Self::with_options(threads, true)
     }
 
     /// `new`, saying whether Q4_K matrices are repacked at load (`engine.cpu_repack`).
-    pub fn with_options(threads: usize, repack_q4_k: bool) -> anyhow::Result<Self> {
+    pub fn with_options(threads: usize, repack_x8: bool) -> anyhow::Result<Self> {
         // 0: one thread per physical core of the affinity mask (topology.rs).
         let threads = topology::CpuPlacement::detect().threads(threads);
-        Self::with_pool(threads, repack_q4_k, pool::PoolKind::for_threads(threads))
+        Self::with_pool(threads, repack_x8, pool::PoolKind::for_threads(threads))
     }
 
     /// `with_options` on `threads` threads (not 0) with the pool named (tests compare them).
-    pub fn with_pool(threads: usize, repack_q4_k: bool, kind: pool::PoolKind) -> anyhow::Result<Self> {
-        Ok(CpuBackend { pool: pool::CpuPool::new(kind, threads.max(1))?, threads: threads.max(1), repack_q4_k })
+    pub fn with_pool(threads: usize, repack_x8: bool, kind: pool::PoolKind) -> anyhow::Result<Self> {
+        Ok(CpuBackend { pool: pool::CpuPool::new(kind, threads.max(1))?, threads: threads.max(1), repack_x8 })
     }
 
     /// Which pool runs this backend's parallel regions.

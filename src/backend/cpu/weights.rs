@@ -119,7 +119,7 @@ impl CpuBackend {
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
         let layout = X8Layout::for_type(info.ggml_type).filter(|l| {
-            self.repack_q4_k
+            self.repack_x8
                 && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
                 && l.takes_cols(cols)
                 // An untied token embedding is read only by `embed_cpu`, from the file's rows: a
