@@ -130,7 +130,9 @@ async fn daemon_streams_what_the_cli_generates_and_exports_metrics() {
     let stats = client.get_kernel_stats(GetKernelStatsRequest {}).await.unwrap().into_inner();
     assert!(stats.timing_enabled && stats.sample_rate > 0.0);
     let from_rpc: BTreeSet<String> = stats.kernels.iter().map(|k| k.kernel.clone()).collect();
-    for op in ["matmul_q8_0", "rmsnorm", "rope", "attention"] {
+    // The model is Q8_0: matmul_q8_0_x8 where the CPU runs the repacked kernel (engine.cpu_repack).
+    let matmul = if civetta::quant::q8_0_x8::available() { "matmul_q8_0_x8" } else { "matmul_q8_0" };
+    for op in [matmul, "rmsnorm", "rope", "attention"] {
         assert!(from_rpc.contains(op), "op {op} missing from kernel stats {from_rpc:?}");
     }
     let m = d.samples(); // no generation runs now: the kernel registry is quiet

@@ -224,7 +224,8 @@ impl<B: Backend> Model<B> {
                 Ok(None)
             }
         };
-        let token_embd = w(TOKEN_EMBD)?;
+        // Untied (the file has its own output matrix), the embedding is read by `embed` only.
+        let token_embd = if file.tensor(OUTPUT).is_some() { backend.load_embedding(&file, TOKEN_EMBD)? } else { w(TOKEN_EMBD)? };
         expect_shape(&token_embd, hp.n_embd, hp.n_vocab)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         let expert_load = hp.moe.as_ref().map(|m| Arc::new(moe::ExpertLoad::new(m.n_expert)));
@@ -737,15 +738,6 @@ fn workspace_shape_of<B: Backend>(seqs: &[SeqRows<'_, B>]) -> WorkspaceShape {
 /// The token embedding and the output projection, as GGUF files name them.
 const TOKEN_EMBD: &str = "token_embd.weight";
 const OUTPUT: &str = "output.weight";
-
-/// Whether the forward pass reads tensor `name` of `file` only row by row, through
-/// `Backend::embed`, and never as a matmul weight: the token embedding of a file with its own
-/// output projection. Without one (tied) the logits matmul runs on the embedding too. A
-/// backend may skip a layout only matmuls read for such a tensor (the CPU backend's Q4_K
-/// repack); `Model::load` decides tied or not from the same two names.
-pub fn embedding_only(file: &GgufFile, name: &str) -> bool {
-    name == TOKEN_EMBD && file.tensor(OUTPUT).is_some()
-}
 
 fn expect_shape<D>(w: &Weight<D>, cols: usize, rows: usize) -> anyhow::Result<()> {
     if w.cols != cols || w.rows != rows {

@@ -42,7 +42,7 @@ pub struct CpuBackend {
     threads: usize,
     /// Repack Q4_K and Q8_0 matrices at load for the eight-row kernels (`quant::q4_k_x8`,
     /// `quant::q8_0_x8`) where the CPU runs them (`engine.cpu_repack`, default on).
-    repack_x8: bool,
+    repack: bool,
 }
 
 impl CpuBackend {
@@ -52,15 +52,15 @@ impl CpuBackend {
     }
 
     /// `new`, saying whether Q4_K matrices are repacked at load (`engine.cpu_repack`).
-    pub fn with_options(threads: usize, repack_x8: bool) -> anyhow::Result<Self> {
+    pub fn with_options(threads: usize, repack: bool) -> anyhow::Result<Self> {
         // 0: one thread per physical core of the affinity mask (topology.rs).
         let threads = topology::CpuPlacement::detect().threads(threads);
-        Self::with_pool(threads, repack_x8, pool::PoolKind::for_threads(threads))
+        Self::with_pool(threads, repack, pool::PoolKind::for_threads(threads))
     }
 
     /// `with_options` on `threads` threads (not 0) with the pool named (tests compare them).
-    pub fn with_pool(threads: usize, repack_x8: bool, kind: pool::PoolKind) -> anyhow::Result<Self> {
-        Ok(CpuBackend { pool: pool::CpuPool::new(kind, threads.max(1))?, threads: threads.max(1), repack_x8 })
+    pub fn with_pool(threads: usize, repack: bool, kind: pool::PoolKind) -> anyhow::Result<Self> {
+        Ok(CpuBackend { pool: pool::CpuPool::new(kind, threads.max(1))?, threads: threads.max(1), repack })
     }
 
     /// Which pool runs this backend's parallel regions.
@@ -101,7 +101,11 @@ impl Backend for CpuBackend {
     }
 
     fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
-        self.load_weight_cpu(file, name)
+        self.load_weight_cpu(file, name, true)
+    }
+
+    fn load_embedding(&self, file: &Arc<GgufFile>, name: &str) -> Result<WeightOf<Self>> {
+        self.load_weight_cpu(file, name, false)
     }
 
     fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {

@@ -3,7 +3,7 @@
 //! Q4_K and Q8_0 matrices are also repacked at load, eight rows per group (`quant::q4_k_x8`,
 //! `quant::q8_0_x8`), where the CPU runs that kernel and the backend was not told otherwise
 //! (`engine.cpu_repack`); the file's copy stays for embedding rows. An untied token embedding is not repacked: only
-//! embedding rows are read of it (`crate::model::embedding_only`).
+//! embedding rows are read of it (`Backend::load_embedding`).
 
 use super::{CpuBackend, CpuBuffer, CpuWeight};
 use crate::backend::{Error, Result, Weight};
@@ -106,7 +106,10 @@ impl MappedWeight {
 }
 
 impl CpuBackend {
-    pub(super) fn load_weight_cpu(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuWeight> {
+    /// `repack`: whether a matmul reads this weight, so that a repacked copy pays (false for
+    /// an untied token embedding, `Backend::load_embedding`: only `embed_cpu` reads it, from
+    /// the file's rows).
+    pub(super) fn load_weight_cpu(&self, file: &Arc<GgufFile>, name: &str, repack: bool) -> Result<CpuWeight> {
         let index = file
             .tensors
             .iter()
@@ -118,15 +121,8 @@ impl CpuBackend {
         }
         let cols = *info.dims.first().unwrap_or(&1) as usize;
         let rows = info.dims.iter().skip(1).product::<u64>() as usize;
-        let layout = X8Layout::for_type(info.ggml_type).filter(|l| {
-            self.repack_x8
-                && rows.is_multiple_of(q4_k_x8::GROUP_ROWS)
-                && l.takes_cols(cols)
-                // An untied token embedding is read only by `embed_cpu`, from the file's rows: a
-                // repacked copy of it would be memory nothing reads (~175 MB on Qwen3-30B Q4_K_M).
-                // Tied, it is the logits matmul's weight too and is repacked like the others.
-                && !crate::model::embedding_only(file, name)
-        });
+        let layout = X8Layout::for_type(info.ggml_type)
+            .filter(|l| self.repack && repack && rows.is_multiple_of(q4_k_x8::GROUP_ROWS) && l.takes_cols(cols));
         let x8 = if let Some(layout) = layout {
             let copy = self.repack_x8(layout, file.tensor_data(info), rows, cols, name)?;
             // The file's pages of this tensor are read again only for embedding rows.
@@ -272,7 +268,7 @@ mod tests {
         let be = CpuBackend::with_options(1, true).unwrap();
         let (tied, untied) = (file(t, &embd, false), file(t, &embd, true));
         let tied_embd = be.load_weight(&tied, "token_embd.weight").unwrap();
-        let untied_embd = be.load_weight(&untied, "token_embd.weight").unwrap();
+        let untied_embd = be.load_embedding(&untied, "token_embd.weight").unwrap();
         // Tied, the embedding is the logits matmul's weight: repacked where the CPU runs the
         // kernel, as the untied output matrix of the same bytes is.
         assert_eq!(tied_embd.data.x8().is_some(), available, "{t}");
