@@ -105,29 +105,21 @@ pub fn compare(base: &BenchReport, new: &BenchReport) -> Comparison {
     if base.settings.threads != new.settings.threads {
         problems.push(format!("different thread counts ({} vs {})", base.settings.threads, new.settings.threads));
     }
-    if base.settings.cpu_q4_k_repacked != new.settings.cpu_q4_k_repacked {
-        let says = |r: &BenchReport| match r.settings.cpu_q4_k_repacked {
-            Some(true) => "repacked",
-            Some(false) => "row-by-row",
-            None => "not recorded",
-        };
-        problems.push(format!(
-            "different CPU Q4_K layouts ({} vs {}): their float orders differ, so may their hashes",
-            says(base),
-            says(new)
-        ));
-    }
-    if base.settings.cpu_q8_0_repacked != new.settings.cpu_q8_0_repacked {
-        let says = |r: &BenchReport| match r.settings.cpu_q8_0_repacked {
-            Some(true) => "repacked",
-            Some(false) => "row-by-row",
-            None => "not recorded",
-        };
-        problems.push(format!(
-            "different CPU Q8_0 layouts ({} vs {}): their float orders differ, so may their hashes",
-            says(base),
-            says(new)
-        ));
+    // Each repacked CPU layout has its own float order (quant::q4_k_x8, quant::q8_0_x8).
+    let (b, n) = (&base.settings, &new.settings);
+    for (name, layouts) in [("Q4_K", (b.cpu_q4_k_repacked, n.cpu_q4_k_repacked)), ("Q8_0", (b.cpu_q8_0_repacked, n.cpu_q8_0_repacked))] {
+        if layouts.0 != layouts.1 {
+            let says = |repacked: Option<bool>| match repacked {
+                Some(true) => "repacked",
+                Some(false) => "row-by-row",
+                None => "not recorded",
+            };
+            problems.push(format!(
+                "different CPU {name} layouts ({} vs {}): their float orders differ, so may their hashes",
+                says(layouts.0),
+                says(layouts.1)
+            ));
+        }
     }
     if base.settings.cpu_pool != new.settings.cpu_pool {
         let says = |r: &BenchReport| r.settings.cpu_pool.clone().unwrap_or_else(|| "not recorded".into());
