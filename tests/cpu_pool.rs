@@ -2,6 +2,10 @@
 //! spinning pool from 8) give the same logits bit for bit: a region's work items do not depend
 //! on which thread runs them, nor on the thread count. Whole models, prefill (every position's
 //! logits, so matmuls of many rows, the parallel norms, adds and SwiGLU) and decode.
+//! Decode attention also changes its split with the thread count: one item per GQA group on
+//! 2 threads, one per query head where the groups are fewer than the threads (the tiny
+//! models have 2 KV heads, so 3 and 4 threads split by head; the tiny qwen3's head size of
+//! 64 runs the SIMD group kernel, which then takes one head at a time).
 
 mod common;
 

@@ -112,24 +112,36 @@ impl CpuBackend {
             row_seq[rows].fill(i as u32);
         }
         let n_tokens: usize = seqs.iter().map(|a| a.shape.n_tokens).sum();
+        // An item is one GQA group of one row, or one query head where the groups would leave
+        // threads idle (a 16-thread decode of a model with 3 KV heads: 3 items, each the work
+        // of 3 heads). A head alone is the same arithmetic (`attend_group` is `attend_row_sink`
+        // per head bit for bit), so the numbers do not depend on the split.
+        let heads_per_item = if n_tokens * s0.n_head_kv < self.threads { 1 } else { group };
+        let items_per_group = group / heads_per_item;
+        let item_len = heads_per_item * hd;
         self.timed("attention", n_tokens, || {
             let (q, o) = (&q[row0 * q_dim..row1 * q_dim], &mut o[row0 * q_dim..row1 * q_dim]);
-            self.pool.for_each_chunk_mut(o, q_group, |idx, out_g| {
+            self.pool.for_each_chunk_mut(o, item_len, |idx, out_g| {
                 // Scratch per thread, kept between calls (either pool's threads live as long
                 // as the backend).
                 SCRATCH.with_borrow_mut(|(q16, acc, scratch)| {
                     q16.resize(hd, 0);
                     acc.resize(hd, 0.0);
-                    let (row, g) = (idx / s0.n_head_kv, idx % s0.n_head_kv);
+                    let (row, g, part) = {
+                        let per_row = s0.n_head_kv * items_per_group;
+                        (idx / per_row, idx % per_row / items_per_group, idx % items_per_group)
+                    };
                     let Some(a) = seqs.get(row_seq[row] as usize) else { return };
                     let t = row + row0 - a.shape.first_row;
-                    let qg = &q[row * q_dim + g * q_group..row * q_dim + (g + 1) * q_group];
+                    let q0 = row * q_dim + g * q_group + part * item_len;
+                    let qg = &q[q0..q0 + item_len];
                     let end = a.shape.start_pos + t + 1;
                     // A sliding-window layer sees only the last `window` positions.
                     let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
                     let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
                     let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
-                    let sinks = sinks.map(|s| &s[g * group..(g + 1) * group]);
+                    let head0 = g * group + part * heads_per_item;
+                    let sinks = sinks.map(|s| &s[head0..head0 + heads_per_item]);
                     if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
                         for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
                             let sink = sinks.map(|s| s[h]);

@@ -45,7 +45,7 @@ const MAX_BLOCK_ROWS: usize = 16;
 /// How a matmul of `weight_rows` (all fused weights together) by `tokens` activation rows is
 /// cut into work items of `block_rows` weight rows x `token_rows` activation rows. Aim: at
 /// least `ITEMS_PER_THREAD` items per thread, so that the pool's dynamic claiming (rayon's
-/// stealing, the spinning pool's shared counter) evens out the threads
+/// stealing, the spinning pool's lanes and their stealing) evens out the threads
 /// (an item is then at most a quarter of a thread's share), with items as large as that
 /// allows (weight blocks of up to 16 rows, token ranges in multiples of 4 for the 1 x 4 tiles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

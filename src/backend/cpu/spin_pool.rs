@@ -10,10 +10,15 @@
 //! - `threads - 1` worker threads; the calling thread is the last participant (it runs items
 //!   too), so `threads` cores compute.
 //! - A region (`for_each(n, f)`) publishes a pointer to `f` and starts a new *epoch* in one
-//!   atomic word, `state = epoch << 48 | n << 24 | next_item`. Every participant claims items
-//!   one at a time by compare-and-swap on that word (dynamic scheduling: which thread runs
-//!   which item varies, the items themselves do not, so results are the same bits as a serial
-//!   loop).
+//!   atomic word, `state = epoch << 48 | n << 24`. The items are cut into one contiguous
+//!   *lane* per participant, each with its own claim counter on its own cache line
+//!   (`epoch << 48 | end << 24 | next`). A participant claims runs of its own lane first, by
+//!   compare-and-swap on a line nobody else touches in the common case, then steals runs from
+//!   the other lanes (a late or descheduled worker's share is taken by the others). One
+//!   shared counter claimed by all 16 threads cost more than a decode matmul's items: ~100
+//!   contended read-modify-writes per region, each a cache-line transfer (docs/PERF.md,
+//!   session 11). Which thread runs which item varies, the items themselves do not, so
+//!   results are the same bits as a serial loop.
 //! - Idle workers spin on the epoch for `spin` (default `DEFAULT_SPIN`, 500 µs: longer than the
 //!   serial gaps inside a forward pass and the sampling between decode steps), then park on a
 //!   condition variable. An idle pool therefore burns CPU for at most `spin` after its last
@@ -44,13 +49,17 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(500);
 type Job = &'static (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// `epoch << 48 | items << 24 | next unclaimed item` of the current region. The item count
-    /// lives in the same word as the claim counter so that a claim (one compare-and-swap)
-    /// can never take an item beyond the region it was read from.
+    /// `epoch << 48 | items << 24` of the current region: what idle workers watch.
     state: AtomicU64,
+    /// One claim counter per participant (workers 0.., the caller last): `epoch << 48 |
+    /// end << 24 | next unclaimed item` of its lane of the current region. The lane's end and
+    /// epoch live in the same word as its counter so that a claim (one compare-and-swap) can
+    /// never take an item beyond the lane and region it was read from.
+    lanes: Box<[Lane]>,
     /// Points at the caller's `Job` (a fat reference on its stack) for the current region.
     job: AtomicPtr<Job>,
-    /// Items of the current epoch that have finished (run to completion or panicked).
+    /// Items of the current epoch that have finished (run to completion or panicked); each
+    /// participant adds its count once per lane it ran items of.
     finished: AtomicUsize,
     /// The first panic payload of the current epoch.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
@@ -60,12 +69,16 @@ struct Shared {
     wake: Condvar,
     shutdown: AtomicBool,
     spin: Duration,
-    /// Threads that run a region's items (the workers and the caller).
-    participants: usize,
 }
 
-/// Claims per thread and region that a participant's share is cut into (see `Shared::work`).
-const CLAIMS_PER_THREAD: usize = 4;
+/// A participant's claim counter, alone on its cache line (128 bytes: adjacent-line
+/// prefetchers pair lines), so that claiming from one's own lane moves no line between cores.
+#[repr(align(128))]
+struct Lane(AtomicU64);
+
+/// Claims a lane is cut into (see `Shared::drain`): runs small enough that the other
+/// participants can take over the rest of a late one's lane.
+const CLAIMS_PER_LANE: usize = 4;
 
 /// Busy-wait iterations with a pause hint before a waiting thread yields its core at each
 /// further check (a few µs: a region follows the last one within a serial op's time).
@@ -104,35 +117,48 @@ fn next_of(state: u64) -> usize {
 }
 
 impl Shared {
-    /// Claims and runs items of `epoch` until none are left (or a newer epoch has started).
-    /// A claim takes a run of consecutive items, about 1/`CLAIMS_PER_THREAD` of a thread's
-    /// share: one compare-and-swap per item on the shared word costs more than a small item
-    /// when 16 threads contend for it (Gemma 3's 262k-row output matmul is 16k items).
-    fn work(&self, epoch: u16) {
-        let mut s = self.state.load(Acquire);
-        loop {
-            let (first, items) = (next_of(s), items_of(s));
-            if epoch_of(s) != epoch || first >= items {
-                return;
+    /// Runs items of `epoch` until none are left (or a newer epoch has started): participant
+    /// `me`'s own lane first, then the others' in turn.
+    fn work(&self, epoch: u16, me: usize) {
+        let lanes = self.lanes.len();
+        for k in 0..lanes {
+            let done = self.drain(&self.lanes[(me + k) % lanes], epoch);
+            if done > 0 {
+                self.finished.fetch_add(done, Release);
             }
-            let take = (items / (self.participants * CLAIMS_PER_THREAD)).clamp(1, items - first);
-            match self.state.compare_exchange_weak(s, s + take as u64, AcqRel, Acquire) {
+        }
+    }
+
+    /// Claims and runs runs of items from `lane` while it belongs to `epoch` and has any left;
+    /// returns how many items this thread ran.
+    fn drain(&self, lane: &Lane, epoch: u16) -> usize {
+        let mut done = 0;
+        let mut s = lane.0.load(Acquire);
+        loop {
+            let (first, end) = (next_of(s), items_of(s));
+            if epoch_of(s) != epoch || first >= end {
+                return done;
+            }
+            let share = end.saturating_sub(first).max(1);
+            let take = (items_of(self.state.load(Relaxed)) / (self.lanes.len() * CLAIMS_PER_LANE)).clamp(1, share);
+            match lane.0.compare_exchange_weak(s, s + take as u64, AcqRel, Acquire) {
                 Ok(_) => {
-                    // SAFETY: the claim succeeded, so the region whose state this was is live
+                    // SAFETY: the claim succeeded, so the region whose lane this was is live
                     // now: its items `first..first + take` were unclaimed, and its caller waits
                     // in `for_each` until they have finished. The caller stored `job` before
-                    // publishing the region's state (this Acquire claim reads from that store's
-                    // release sequence) and changes it only after the region has returned, so
-                    // the load below (after the claim, not before it: an epoch number can
-                    // repeat after 2^16 regions, a live region cannot) gives the live `Job`.
+                    // publishing the region's lanes and state (this Acquire claim reads from a
+                    // store sequenced after that) and changes it only after the region has
+                    // returned, so the load below (after the claim, not before it: an epoch
+                    // number can repeat after 2^16 regions, a live region cannot) gives the
+                    // live `Job`.
                     let f: Job = unsafe { *self.job.load(Relaxed) };
                     for item in first..first + take {
                         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(item))) {
                             self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
                         }
                     }
-                    self.finished.fetch_add(take, Release);
-                    s = self.state.load(Acquire);
+                    done += take;
+                    s = lane.0.load(Acquire);
                 }
                 Err(now) => s = now,
             }
@@ -209,6 +235,7 @@ impl SpinPool {
     pub fn with_spin(threads: usize, spin: Duration) -> std::io::Result<SpinPool> {
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
+            lanes: (0..threads.max(1)).map(|_| Lane(AtomicU64::new(0))).collect(),
             job: AtomicPtr::new(std::ptr::null_mut()),
             finished: AtomicUsize::new(0),
             panic: Mutex::new(None),
@@ -217,7 +244,6 @@ impl SpinPool {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             spin,
-            participants: threads.max(1),
         });
         let mut pool = SpinPool { shared, workers: Vec::new(), busy: AtomicBool::new(false), epoch: UnsafeCell::new(0) };
         for i in 0..threads.saturating_sub(1) {
@@ -225,7 +251,7 @@ impl SpinPool {
             let handle = std::thread::Builder::new().name(format!("civetta-cpu-spin-{i}")).spawn(move || {
                 let mut seen = 0;
                 while let Some(epoch) = shared.next_epoch(seen) {
-                    shared.work(epoch);
+                    shared.work(epoch, i);
                     seen = epoch;
                 }
             })?;
@@ -288,10 +314,14 @@ impl SpinPool {
         };
         sh.job.store(&job as *const Job as *mut Job, Relaxed);
         sh.finished.store(0, Relaxed);
+        let lanes = sh.lanes.len();
+        for (i, lane) in sh.lanes.iter().enumerate() {
+            lane.0.store(pack(epoch, items * (i + 1) / lanes, items * i / lanes), Relaxed);
+        }
         // Publishes the stores above to every worker that loads the new state (Acquire).
         sh.state.store(pack(epoch, items, 0), SeqCst);
         sh.notify_sleepers();
-        sh.work(epoch);
+        sh.work(epoch, lanes - 1);
         // Items claimed by workers may still run: wait for them (they touch `job` and `f`).
         let mut spins = 0u32;
         while sh.finished.load(Acquire) < items {
@@ -394,6 +424,30 @@ mod tests {
                 std::hint::spin_loop();
             }
         });
+    }
+
+    #[test]
+    fn the_rest_of_a_stalled_lane_is_run_by_the_other_threads() {
+        // 64 items on 4 threads: lanes of 16, claimed in runs of 4. Item 0 blocks the thread
+        // that claimed lane 0's first run until items 4..16 (the rest of lane 0) have run,
+        // which only happens if other threads steal them.
+        let pool = SpinPool::new(4).unwrap();
+        for _ in 0..20 {
+            let rest_of_lane = AtomicUsize::new(0);
+            pool.for_each(64, |i| {
+                if (4..16).contains(&i) {
+                    rest_of_lane.fetch_add(1, SeqCst);
+                }
+                if i == 0 {
+                    let t = Instant::now();
+                    while rest_of_lane.load(SeqCst) < 12 {
+                        assert!(t.elapsed() < Duration::from_secs(10), "lane 0 was not stolen");
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            assert_eq!(rest_of_lane.load(SeqCst), 12);
+        }
     }
 
     #[test]
