@@ -16,7 +16,7 @@
 //! The defaults are the backend's: GEMM tiles above 4 rows, two attention launches per
 //! sequence and layer. `--matvec-max-rows 32 --batched-attention` is issue #17's batched
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`); `--matvec-mma` runs
-//! its Q8_0 / Q5_0 mat-vecs on the matrix units (`engine.gpu.matvec_mma`, kernels/matvec_mma.hip).
+//! its Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units (`engine.gpu.matvec_mma`, kernels/matvec_mma.hip).
 
 use civetta::backend::gpu::GpuOptions;
 use civetta::backend::Backend;

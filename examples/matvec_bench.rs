@@ -8,7 +8,7 @@
 //! Prints a markdown table (docs/GPU.md, "Mat-vec bandwidth"). Rows > 1 are batched decode
 //! (one activation row per sequence); the table's GB/s counts the weights once per launch.
 //! Each `--variants` entry is a `GpuOptions::matvec` value (one backend each), or "mma": the
-//! default dp4a family with `GpuOptions::matvec_mma` (Q8_0 / Q5_0 batches of 2+ rows on the
+//! default dp4a family with `GpuOptions::matvec_mma` (Q8_0 / Q5_0 / Q4_K batches of 2+ rows on the
 //! matrix units, kernels/matvec_mma.hip; other types and one row as dp4a); every result is
 //! also compared with the CPU backend's matmul on the same input (relative L2 error), so a
 //! kernel that is fast but wrong shows up here before the model-level parity check.

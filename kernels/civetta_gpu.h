@@ -250,9 +250,13 @@ CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
 // Portable fallback: a fragment is a view of the tile in shared memory and
 // every lane computes its 8 accumulator elements with scalar dot products.
 #define CV_HAS_WMMA 0
-struct cv_frag_i8 { const cv_i8* tile; int ld; int rows = 16; }; // rows past `rows` repeat row rows-1
+// rows past `rows` repeat row rows-1; nib >= 0: the values are the 4-bit fields at bit nib of the bytes
+struct cv_frag_i8 { const cv_i8* tile; int ld; int rows = 16; int nib = -1; };
 struct cv_frag_f16 { const cv_half* tile; int ld; };
-CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) { return cv_frag_i8{tile, ld, 16}; }
+CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) { return cv_frag_i8{tile, ld, 16, -1}; }
+CV_DEVICE int cv_frag_value(const cv_frag_i8& f, const cv_i8* row, int k) {
+  return f.nib < 0 ? (int)row[k] : ((int)(cv_u8)row[k] >> f.nib) & 15;
+}
 CV_DEVICE cv_frag_f16 cv_load_frag_f16(const cv_half* tile, int ld) { return cv_frag_f16{tile, ld}; }
 CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
   const unsigned lane = cv_lane();
@@ -262,7 +266,7 @@ CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
     const int ar = 2 * i + (int)(lane >> 4);
     const cv_i8* arow = a.tile + (ar < a.rows ? ar : a.rows - 1) * a.ld;
     int s = 0;
-    for (int k = 0; k < 16; ++k) s += (int)arow[k] * (int)bcol[k];
+    for (int k = 0; k < 16; ++k) s += cv_frag_value(a, arow, k) * cv_frag_value(b, bcol, k);
     c[i] += s;
   }
   return c;
@@ -308,6 +312,8 @@ CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo
 // product does not depend on it): on NVIDIA a lane reads 8 contiguous bytes of each of its two
 // rows (4 lanes cover a row's 32-byte sector) instead of two 4-byte pieces 16 bytes apart.
 // `tile` and `ld` must keep 8-byte (NVIDIA) / 16-byte (AMD) alignment.
+// cv_frag_nibbles(f, 0 or 4): the fragment of the low or high 4 bits of each byte of f as values
+// 0..15 (packed 4-bit weights: Q4_K's qs hold two sub-blocks, one per nibble).
 #if defined(CV_HAS_MMA_SYNC)
 typedef int cv_v2i __attribute__((ext_vector_type(2)));
 CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
@@ -317,17 +323,22 @@ CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i
   *lo = cv_frag_i8{v0.x, v1.x}; // logical K 4t..4t+3 of rows g, g+8
   *hi = cv_frag_i8{v0.y, v1.y}; // logical K 16+4t..16+4t+3
 }
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) {
+  return cv_frag_i8{(f.lo >> shift) & 0x0F0F0F0F, (f.hi >> shift) & 0x0F0F0F0F};
+}
 #elif CV_HAS_WMMA
 CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
   const int r = (int)(cv_lane() & 15), row = r < rows ? r : rows - 1;
   *lo = *(const cv_v4i*)(tile + row * ld);
   *hi = *(const cv_v4i*)(tile + row * ld + 16);
 }
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) { return (f >> shift) & 0x0F0F0F0F; }
 #else
 CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
-  *lo = cv_frag_i8{tile, (int)ld, rows};
-  *hi = cv_frag_i8{tile + 16, (int)ld, rows};
+  *lo = cv_frag_i8{tile, (int)ld, rows, -1};
+  *hi = cv_frag_i8{tile + 16, (int)ld, rows, -1};
 }
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) { return cv_frag_i8{f.tile, f.ld, f.rows, shift}; }
 #endif
 // Row and column of accumulator element i for this lane.
 // Row-wise reductions over an accumulator tile (attention's softmax): elements i and j of one

@@ -3,10 +3,10 @@
 # issues #14 and #17) on an NVIDIA machine: one device call, under 8 minutes on an H100.
 # Written in session 11 without a device: it has NOT run yet.
 #   1. ptxas resources of matvec_mma and matvec_dp4a (sm_90);
-#   2. parity: gpu_check on dense Q8_0 / Q5_0 models with --gpu-matvec-mma (its batch-vs-solo
-#      check decodes 3 sequences: the matrix-unit kernel), Q4_K as a control;
-#   3. matvec_bench on the 1.4B Q8_0 shapes, rows 1,2,4,8,16: dp4a vs mma (kernel time, GB/s,
-#      rel. L2 vs the CPU);
+#   2. parity: gpu_check on dense Q8_0 / Q5_0 / Q4_K models with --gpu-matvec-mma (its batch-vs-solo
+#      check decodes 3 sequences: the matrix-unit kernels);
+#   3. matvec_bench on the 1.4B Q8_0 and Q4_K shapes, rows 1,2,4,8,16: dp4a vs mma (kernel time,
+#      GB/s, rel. L2 vs the CPU);
 #   4. batch_decode_bench 1,8,16 sequences, mma off / on, 1.4B Q8_0 and Q4_K (batch vs alone
 #      printed there; GPU tolerance 5e-2 relative L2, docs/GPU.md), a per-kernel profile with
 #      mma on (Q8_0);
@@ -61,12 +61,14 @@ grep -E "^\| [a-z]" "$O/parity-mma.md" | cut -c1-220
 grep -E "error|panick" "$O/parity-mma.err" | head -5
 wait $sp
 
-stamp "matvec_bench q8_0 rows 1,2,4,8,16: dp4a vs mma"
-timeout 100 $B/matvec_bench -m $M8 --kernel-dir $K --rows 1,2,4,8,16 --iters 100 --variants dp4a,mma \
-  > "$O/matvec-q8_0.md" 2> "$O/matvec-q8_0.err"; echo "matvec_bench rc=$?"
-head -1 "$O/matvec-q8_0.md"
-grep -E "^\| blk|^\| output|^\| token" "$O/matvec-q8_0.md" | awk -F'|' '{printf "%-22s %4s %-5s %-36s %9s us %6s GB/s  rel %s\n", $2, $5, $6, $7, $8, $9, $12}'
-tail -2 "$O/matvec-q8_0.err"
+for m in q8_0 q4_k; do
+  stamp "matvec_bench $m rows 1,2,4,8,16: dp4a vs mma"
+  timeout 90 $B/matvec_bench -m /tmp/gpu-mma/m-$m.gguf --kernel-dir $K --rows 1,2,4,8,16 --iters 100 --variants dp4a,mma \
+    > "$O/matvec-$m.md" 2> "$O/matvec-$m.err"; echo "matvec_bench rc=$?"
+  head -1 "$O/matvec-$m.md"
+  grep -E "^\| blk|^\| output|^\| token" "$O/matvec-$m.md" | awk -F'|' '{printf "%-22s %-5s %4s %-5s %-36s %9s us %6s GB/s  rel %s\n", $2, $3, $5, $6, $7, $8, $9, $12}'
+  tail -2 "$O/matvec-$m.err"
+done
 
 BD=($B/batch_decode_bench --kernel-dir $K --batches 1,8,16 --steps 48 --batched-attention)
 for m in q8_0 q4_k; do

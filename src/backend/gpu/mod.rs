@@ -86,9 +86,9 @@ pub struct GpuOptions {
     /// forced-routing errors within the dense tolerance, every primary routing flip a near tie);
     /// false refuses such models at load (the CPU backend runs them).
     pub moe: bool,
-    /// Batched decode (`MMA_MIN_ROWS` rows and more, on the dp4a path) runs the Q8_0 / Q5_0
-    /// mat-vecs on the matrix units (kernels/matvec_mma.hip: 16 weight rows x 16 activation rows
-    /// per matrix step) instead of the 8- and 16-row dp4a builds. Off until a device run shows
+    /// Batched decode (`MMA_MIN_ROWS` rows and more, on the dp4a path) runs the Q8_0 / Q5_0 and
+    /// Q4_K mat-vecs on the matrix units (kernels/matvec_mma.hip: 16 weight rows x 16 activation
+    /// rows per matrix step) instead of the 4-, 8- and 16-row dp4a builds. Off until a device run shows
     /// batch-vs-alone parity and a faster step (scripts/gpu-mma-check.sh).
     pub matvec_mma: bool,
 }
@@ -273,11 +273,11 @@ const MMA_MIN_ROWS: usize = 2;
 /// kernels/matvec_mma.hip: output rows and activation rows per workgroup.
 const MMA_TILE: usize = 16;
 
-/// The matrix-unit mat-vec of a dp4a layout (kernels/matvec_mma.hip), if it has one: Q4_K keeps
-/// the dp4a builds.
+/// The matrix-unit mat-vec of a dp4a layout (kernels/matvec_mma.hip), if it has one.
 fn mma_kernel_name(kind: MatvecKind) -> Option<&'static str> {
     match kind {
         MatvecKind::Q8Planes => Some("matvec_mma_q8p"),
+        MatvecKind::Q4KDp4a => Some("matvec_mma_q4k"),
         _ => None,
     }
 }
@@ -368,7 +368,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g128_x16", 128),
         ],
     ),
-    ("matvec_mma", &[("matvec_mma_q8p", 256)]),
+    ("matvec_mma", &[("matvec_mma_q8p", 256), ("matvec_mma_q4k", 256)]),
     (
         "moe",
         &[("moe_router_f32", 256), ("moe_gather_rows", 256), ("moe_scatter_rows", 256), ("moe_weighted_sum", 256), ("moe_scale_rows", 256)],
@@ -1136,7 +1136,7 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// The matrix-unit mat-vec for `rows` activation rows of a dp4a layout, when
-    /// `GpuOptions::matvec_mma` is on and the layout has one (Q8_0 / Q5_0 planes).
+    /// `GpuOptions::matvec_mma` is on and the layout has one (Q8_0 / Q5_0 planes, Q4_K blocks).
     fn mma_kernel(&self, kind: MatvecKind, rows: usize) -> Option<&'static str> {
         (self.matvec_mma && rows >= MMA_MIN_ROWS).then(|| mma_kernel_name(kind)).flatten()
     }
@@ -1761,7 +1761,8 @@ mod tests {
             }
         }
         assert_eq!(mma_kernel_name(MatvecKind::Q8Planes), Some("matvec_mma_q8p"));
-        assert_eq!(mma_kernel_name(MatvecKind::Q4KDp4a), None);
+        assert_eq!(mma_kernel_name(MatvecKind::Q4KDp4a), Some("matvec_mma_q4k"));
+        assert_eq!(mma_kernel_name(MatvecKind::Q8_0Blocks), None);
     }
 
     #[test]
