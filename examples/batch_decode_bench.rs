@@ -12,10 +12,11 @@
 //! usage: batch_decode_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR]
 //!                           [--batches 1,2,4,8,16,32] [--steps 64] [--prompt 32]
 //!                           [--gpu-matvec dp4a] [--batched-attention] [--matvec-max-rows N]
-//!                           [--profile] [--paged BLOCK]
+//!                           [--matvec-mma] [--profile] [--paged BLOCK]
 //! The defaults are the backend's: GEMM tiles above 4 rows, two attention launches per
 //! sequence and layer. `--matvec-max-rows 32 --batched-attention` is issue #17's batched
-//! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`).
+//! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`); `--matvec-mma` runs
+//! its Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units (`engine.gpu.matvec_mma`, kernels/matvec_mma.hip).
 
 use civetta::backend::gpu::GpuOptions;
 use civetta::backend::Backend;
@@ -125,6 +126,7 @@ fn main() -> anyhow::Result<()> {
         batched_attention: args.iter().any(|a| a == "--batched-attention"),
         matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
         gemm_tile: arg(&args, "--gpu-gemm-tile", ""),
+        matvec_mma: args.iter().any(|a| a == "--matvec-mma"),
         ..Default::default()
     };
     let be = civetta::backend::create_with(&backend, 0, true, &opts)?;

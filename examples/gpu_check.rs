@@ -30,7 +30,9 @@
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
-//!                  [--gpu-prefill-attention auto|scalar]
+//!                  [--gpu-prefill-attention auto|scalar] [--gpu-matvec-mma]
+//! `--gpu-matvec-mma`: batched decode's Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units
+//! (`engine.gpu.matvec_mma`; the batch-vs-solo check's three sequences take that path).
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
 use civetta::backend::cpu::CpuBackend;
@@ -219,6 +221,7 @@ fn main() -> anyhow::Result<()> {
         kernel_dir: arg(&args, "--kernel-dir", "").into(),
         matvec: arg(&args, "--gpu-matvec", ""),
         prefill_attention: arg(&args, "--gpu-prefill-attention", ""),
+        matvec_mma: args.iter().any(|a| a == "--gpu-matvec-mma"),
         // gpu_check is where the MoE path gets verified (engine.gpu.moe, on by default).
         moe: true,
         ..Default::default()

@@ -7,7 +7,9 @@
 //!                     [--rows 1,4,8,16] [--variants dp4a,wave,...] [--matvec-max-rows 32]
 //! Prints a markdown table (docs/GPU.md, "Mat-vec bandwidth"). Rows > 1 are batched decode
 //! (one activation row per sequence); the table's GB/s counts the weights once per launch.
-//! Each `--variants` entry is a `GpuOptions::matvec` value (one backend each); every result is
+//! Each `--variants` entry is a `GpuOptions::matvec` value (one backend each), or "mma": the
+//! default dp4a family with `GpuOptions::matvec_mma` (Q8_0 / Q5_0 / Q4_K batches of 2+ rows on the
+//! matrix units, kernels/matvec_mma.hip; other types and one row as dp4a); every result is
 //! also compared with the CPU backend's matmul on the same input (relative L2 error), so a
 //! kernel that is fast but wrong shows up here before the model-level parity check.
 //! "µs / call" is the kernel alone (an event pair around each launch); "µs, queued" is the wall
@@ -54,7 +56,8 @@ fn main() -> anyhow::Result<()> {
     // benchmark runs monomorphised for it.
     let mut loaded = Vec::new();
     for v in &variants {
-        loaded.push(civetta::backend::create_with(&backend, 0, true, &GpuOptions { matvec: v.clone(), ..opts.clone() })?);
+        let o = if v == "mma" { GpuOptions { matvec_mma: true, ..opts.clone() } } else { GpuOptions { matvec: v.clone(), ..opts.clone() } };
+        loaded.push(civetta::backend::create_with(&backend, 0, true, &o)?);
     }
     macro_rules! all_of {
         ($variant:path) => {{

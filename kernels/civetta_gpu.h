@@ -250,17 +250,23 @@ CV_DEVICE cv_v8f cv_mma_f16(cv_frag_f16 a, cv_frag_f16 b, cv_v8f c) {
 // Portable fallback: a fragment is a view of the tile in shared memory and
 // every lane computes its 8 accumulator elements with scalar dot products.
 #define CV_HAS_WMMA 0
-struct cv_frag_i8 { const cv_i8* tile; int ld; };
+// rows past `rows` repeat row rows-1; nib >= 0: the values are the 4-bit fields at bit nib of the bytes
+struct cv_frag_i8 { const cv_i8* tile; int ld; int rows = 16; int nib = -1; };
 struct cv_frag_f16 { const cv_half* tile; int ld; };
-CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) { return cv_frag_i8{tile, ld}; }
+CV_DEVICE cv_frag_i8 cv_load_frag_i8(const cv_i8* tile, int ld) { return cv_frag_i8{tile, ld, 16, -1}; }
+CV_DEVICE int cv_frag_value(const cv_frag_i8& f, const cv_i8* row, int k) {
+  return f.nib < 0 ? (int)row[k] : ((int)(cv_u8)row[k] >> f.nib) & 15;
+}
 CV_DEVICE cv_frag_f16 cv_load_frag_f16(const cv_half* tile, int ld) { return cv_frag_f16{tile, ld}; }
 CV_DEVICE cv_v8i cv_mma_i8(cv_frag_i8 a, cv_frag_i8 b, cv_v8i c) {
   const unsigned lane = cv_lane();
-  const cv_i8* bcol = b.tile + (lane & 15) * b.ld;
+  const int bc = (int)(lane & 15);
+  const cv_i8* bcol = b.tile + (bc < b.rows ? bc : b.rows - 1) * b.ld;
   for (int i = 0; i < 8; ++i) {
-    const cv_i8* arow = a.tile + (2 * i + (int)(lane >> 4)) * a.ld;
+    const int ar = 2 * i + (int)(lane >> 4);
+    const cv_i8* arow = a.tile + (ar < a.rows ? ar : a.rows - 1) * a.ld;
     int s = 0;
-    for (int k = 0; k < 16; ++k) s += (int)arow[k] * (int)bcol[k];
+    for (int k = 0; k < 16; ++k) s += cv_frag_value(a, arow, k) * cv_frag_value(b, bcol, k);
     c[i] += s;
   }
   return c;
@@ -297,6 +303,42 @@ CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo
 CV_DEVICE cv_v8i cv_mma_i8_k32(cv_frag_i8 a_lo, cv_frag_i8 a_hi, cv_frag_i8 b_lo, cv_frag_i8 b_hi, cv_v8i c) {
   return cv_mma_i8(a_hi, b_hi, cv_mma_i8(a_lo, b_lo, c));
 }
+#endif
+// The fragments (K values 0-15 in *lo, 16-31 in *hi) of a 16-row x 32-K int8 tile read straight
+// from global memory, for a cv_mma_i8_k32 whose both operands come from this function: rows
+// past `rows` (1..16) repeat row rows-1, so a partial tile (the last weight rows, the activation
+// rows of a short batch) reads only memory that exists; the caller drops those results. The K
+// order inside the 32 values is this function's own (the same for both operands, and a dot
+// product does not depend on it): on NVIDIA a lane reads 8 contiguous bytes of each of its two
+// rows (4 lanes cover a row's 32-byte sector) instead of two 4-byte pieces 16 bytes apart.
+// `tile` and `ld` must keep 8-byte (NVIDIA) / 16-byte (AMD) alignment.
+// cv_frag_nibbles(f, 0 or 4): the fragment of the low or high 4 bits of each byte of f as values
+// 0..15 (packed 4-bit weights: Q4_K's qs hold two sub-blocks, one per nibble).
+#if defined(CV_HAS_MMA_SYNC)
+typedef int cv_v2i __attribute__((ext_vector_type(2)));
+CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
+  const int lane = (int)cv_lane(), g = lane >> 2, t = lane & 3;
+  const int r0 = g < rows ? g : rows - 1, r1 = g + 8 < rows ? g + 8 : rows - 1;
+  const cv_v2i v0 = *(const cv_v2i*)(tile + r0 * ld + 8 * t), v1 = *(const cv_v2i*)(tile + r1 * ld + 8 * t);
+  *lo = cv_frag_i8{v0.x, v1.x}; // logical K 4t..4t+3 of rows g, g+8
+  *hi = cv_frag_i8{v0.y, v1.y}; // logical K 16+4t..16+4t+3
+}
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) {
+  return cv_frag_i8{(f.lo >> shift) & 0x0F0F0F0F, (f.hi >> shift) & 0x0F0F0F0F};
+}
+#elif CV_HAS_WMMA
+CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
+  const int r = (int)(cv_lane() & 15), row = r < rows ? r : rows - 1;
+  *lo = *(const cv_v4i*)(tile + row * ld);
+  *hi = *(const cv_v4i*)(tile + row * ld + 16);
+}
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) { return (f >> shift) & 0x0F0F0F0F; }
+#else
+CV_DEVICE void cv_load_frags_k32(const cv_i8* tile, long ld, int rows, cv_frag_i8* lo, cv_frag_i8* hi) {
+  *lo = cv_frag_i8{tile, (int)ld, rows, -1};
+  *hi = cv_frag_i8{tile + 16, (int)ld, rows, -1};
+}
+CV_DEVICE cv_frag_i8 cv_frag_nibbles(cv_frag_i8 f, int shift) { return cv_frag_i8{f.tile, f.ld, f.rows, shift}; }
 #endif
 // Row and column of accumulator element i for this lane.
 // Row-wise reductions over an accumulator tile (attention's softmax): elements i and j of one

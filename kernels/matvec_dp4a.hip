@@ -30,6 +30,7 @@
 // cache, so a 16-row launch moves about the bytes of a 1-row one.
 // Names: civetta_matvec_{q8p,q4k}_g{16,32,64,128}[_x4], civetta_matvec_{q8p,q4k}_g{32,64,128}_x{8,16}.
 #include "civetta_gpu.h"
+#include "q4k.h"
 
 namespace {
 
@@ -81,24 +82,6 @@ struct Q8Planes {
     return w.d * xds[(u / 2) * 2] * (float)acc;
   }
 };
-
-// Byte k (4..15) of a Q4_K block header held as 4 words.
-CV_DEVICE int header_byte(const cv_v4i& h, int k) {
-  const int word = k < 8 ? h.y : (k < 12 ? h.z : h.w);
-  return (word >> (8 * (k & 3))) & 0xFF;
-}
-// 6-bit scale and min of sub-block j of a Q4_K super-block (ggml get_scale_min_k4 on
-// scales[] = header bytes 4..15).
-CV_DEVICE void q4k_scale_min(const cv_v4i& h, int j, float* sc, float* mn) {
-  if (j < 4) {
-    *sc = (float)(header_byte(h, 4 + j) & 63);
-    *mn = (float)(header_byte(h, 8 + j) & 63);
-  } else {
-    const int s = header_byte(h, 8 + j);
-    *sc = (float)((s & 0xF) | ((header_byte(h, j) >> 6) << 4));
-    *mn = (float)((s >> 4) | ((header_byte(h, 4 + j) >> 6) << 4));
-  }
-}
 
 struct Q4K {
   static constexpr int kValues = 32;

@@ -86,6 +86,11 @@ pub struct GpuOptions {
     /// forced-routing errors within the dense tolerance, every primary routing flip a near tie);
     /// false refuses such models at load (the CPU backend runs them).
     pub moe: bool,
+    /// Batched decode (`MMA_MIN_ROWS` rows and more, on the dp4a path) runs the Q8_0 / Q5_0 and
+    /// Q4_K mat-vecs on the matrix units (kernels/matvec_mma.hip: 16 weight rows x 16 activation
+    /// rows per matrix step) instead of the 4-, 8- and 16-row dp4a builds. Off until a device run shows
+    /// batch-vs-alone parity and a faster step (scripts/gpu-mma-check.sh).
+    pub matvec_mma: bool,
 }
 
 impl Default for GpuOptions {
@@ -102,6 +107,7 @@ impl Default for GpuOptions {
             eager: false,
             matvec: String::new(),
             moe: true,
+            matvec_mma: false,
         }
     }
 }
@@ -257,6 +263,25 @@ fn dp4a_kernel(kind: MatvecKind, lanes: usize, per_launch: usize) -> &'static st
     }
 }
 
+/// Fewest activation rows of a mat-vec that `GpuOptions::matvec_mma` moves to the matrix
+/// units. From 2: a launch of the matrix-step kernel costs the same for 2 and for 16 rows (one
+/// 16x16 tile), and at 2-4 rows the dp4a `_x4` build already does 4 rows' dot products per
+/// weight unit, so the crossover is a device measurement (matvec_bench rows 2 and 4 in
+/// scripts/gpu-mma-check.sh); raise this if 2-4 rows are slower on the matrix units.
+const MMA_MIN_ROWS: usize = 2;
+
+/// kernels/matvec_mma.hip: output rows and activation rows per workgroup.
+const MMA_TILE: usize = 16;
+
+/// The matrix-unit mat-vec of a dp4a layout (kernels/matvec_mma.hip), if it has one.
+fn mma_kernel_name(kind: MatvecKind) -> Option<&'static str> {
+    match kind {
+        MatvecKind::Q8Planes => Some("matvec_mma_q8p"),
+        MatvecKind::Q4KDp4a => Some("matvec_mma_q4k"),
+        _ => None,
+    }
+}
+
 /// Decode batches up to this many rows use the `wave` mat-vec kernels (kernels/matvec.hip,
 /// `matvec_*` for one row, `matvec_*_x4` for 2-4); larger ones the GEMMs.
 const MATVEC_MAX_ROWS: usize = 4;
@@ -343,6 +368,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g128_x16", 128),
         ],
     ),
+    ("matvec_mma", &[("matvec_mma_q8p", 256), ("matvec_mma_q4k", 256)]),
     (
         "moe",
         &[("moe_router_f32", 256), ("moe_gather_rows", 256), ("moe_scatter_rows", 256), ("moe_weighted_sum", 256), ("moe_scale_rows", 256)],
@@ -525,6 +551,8 @@ pub struct GpuBackend<A: GpuApi> {
     batched_attention: bool,
     /// Most rows of a dp4a mat-vec (`GpuOptions::matvec_max_rows`, 1..=DP4A_MAX_ROWS).
     dp4a_max_rows: usize,
+    /// `GpuOptions::matvec_mma`.
+    matvec_mma: bool,
     /// `GpuOptions::gemm_tile`.
     gemm_tile: GemmTile,
     /// `GpuOptions::prefill_attention`: the matrix-step kernel where the head size has one.
@@ -651,6 +679,7 @@ impl<A: GpuApi> GpuBackend<A> {
             gemm_tile,
             prefill_attention_mma,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
+            matvec_mma: opts.matvec_mma,
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
@@ -1086,18 +1115,30 @@ impl<A: GpuApi> GpuBackend<A> {
                 (xq, xds)
             }
         };
-        let per_group = dp4a_rows_per_launch(rows);
-        // No 16-lane builds for more than 4 rows: those take 32 lanes.
-        let lanes = if per_group > 4 { lanes.max(32) } else { lanes };
-        let name = dp4a_kernel(kind, lanes, per_group);
         let mut args = Args::default();
         for i in 0..3 {
             let (wp, sp, yp, n) = parts.get(i).map(|p| (p.0.w, p.0.s, p.1, p.2)).unwrap_or((0, 0, 0, 0));
             args = args.ptr(wp).ptr(sp).ptr(yp).i32(n);
         }
         let args = args.ptr(xq.ptr).ptr(xds.mem.ptr).i32(k).i32(rows).i32(usize::from(accumulate));
+        if let Some(name) = self.mma_kernel(kind, rows) {
+            // One workgroup per 16-row tile of each matrix (tiles do not straddle matrices).
+            let tiles: usize = parts.iter().map(|p| p.2.div_ceil(MMA_TILE)).sum();
+            self.launch(name, rows, [tiles, rows.div_ceil(MMA_TILE), 1], args)?;
+            return Ok(());
+        }
+        let per_group = dp4a_rows_per_launch(rows);
+        // No 16-lane builds for more than 4 rows: those take 32 lanes.
+        let lanes = if per_group > 4 { lanes.max(32) } else { lanes };
+        let name = dp4a_kernel(kind, lanes, per_group);
         self.launch(name, rows, [total.div_ceil(128 / lanes), rows.div_ceil(per_group), 1], args)?;
         Ok(())
+    }
+
+    /// The matrix-unit mat-vec for `rows` activation rows of a dp4a layout, when
+    /// `GpuOptions::matvec_mma` is on and the layout has one (Q8_0 / Q5_0 planes, Q4_K blocks).
+    fn mma_kernel(&self, kind: MatvecKind, rows: usize) -> Option<&'static str> {
+        (self.matvec_mma && rows >= MMA_MIN_ROWS).then(|| mma_kernel_name(kind)).flatten()
     }
 
     /// The decode mat-vec layout of a weight and its device pointers, if its type has one and
@@ -1665,6 +1706,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "matvec": self.matvec_family.name(),
             "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
             "matvec_max_rows": self.dp4a_max_rows,
+            "matvec_mma": self.matvec_mma,
             "gemm_tile": self.gemm_tile.name(),
         })
     }
@@ -1714,7 +1756,13 @@ mod tests {
                     assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
                 }
             }
+            if let Some(name) = mma_kernel_name(kind) {
+                assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
+            }
         }
+        assert_eq!(mma_kernel_name(MatvecKind::Q8Planes), Some("matvec_mma_q8p"));
+        assert_eq!(mma_kernel_name(MatvecKind::Q4KDp4a), Some("matvec_mma_q4k"));
+        assert_eq!(mma_kernel_name(MatvecKind::Q8_0Blocks), None);
     }
 
     #[test]
