@@ -30,9 +30,10 @@
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
-//!                  [--gpu-prefill-attention auto|scalar] [--gpu-matvec-mma]
-//! `--gpu-matvec-mma`: batched decode's Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units
-//! (`engine.gpu.matvec_mma`; the batch-vs-solo check's three sequences take that path).
+//!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma]
+//! Batched decode's Q8_0 / Q5_0 / Q4_K mat-vecs run on the matrix units as by default
+//! (`engine.gpu.matvec_mma`; the batch-vs-solo check decodes three sequences, too few rows for
+//! them: `MMA_MIN_ROWS` is 4); `--no-gpu-matvec-mma` keeps the dp4a builds.
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
 use civetta::backend::cpu::CpuBackend;
@@ -221,7 +222,7 @@ fn main() -> anyhow::Result<()> {
         kernel_dir: arg(&args, "--kernel-dir", "").into(),
         matvec: arg(&args, "--gpu-matvec", ""),
         prefill_attention: arg(&args, "--gpu-prefill-attention", ""),
-        matvec_mma: args.iter().any(|a| a == "--gpu-matvec-mma"),
+        matvec_mma: !args.iter().any(|a| a == "--no-gpu-matvec-mma"),
         // gpu_check is where the MoE path gets verified (engine.gpu.moe, on by default).
         moe: true,
         ..Default::default()

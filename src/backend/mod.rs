@@ -497,8 +497,8 @@ pub struct BackendArgs {
     /// GPU: run qwen3moe / qwen2moe models (default true; `--gpu-moe false` refuses them, docs/GPU.md).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_moe: Option<bool>,
-    /// GPU: batched decode runs the Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units (engine.gpu.matvec_mma,
-    /// default false; `--gpu-matvec-mma` turns it on).
+    /// GPU: batched decode (4+ rows) runs the Q8_0 / Q5_0 / Q4_K mat-vecs on the matrix units
+    /// (engine.gpu.matvec_mma, default true; `--gpu-matvec-mma false` keeps the dp4a builds).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_matvec_mma: Option<bool>,
 }
@@ -517,7 +517,7 @@ impl BackendArgs {
             eager: self.gpu_eager,
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
             moe: self.gpu_moe.unwrap_or(true),
-            matvec_mma: self.gpu_matvec_mma.unwrap_or(false),
+            matvec_mma: self.gpu_matvec_mma.unwrap_or(true),
         }
     }
 }

@@ -88,8 +88,9 @@ pub struct GpuOptions {
     pub moe: bool,
     /// Batched decode (`MMA_MIN_ROWS` rows and more, on the dp4a path) runs the Q8_0 / Q5_0 and
     /// Q4_K mat-vecs on the matrix units (kernels/matvec_mma.hip: 16 weight rows x 16 activation
-    /// rows per matrix step) instead of the 4-, 8- and 16-row dp4a builds. Off until a device run shows
-    /// batch-vs-alone parity and a faster step (scripts/gpu-mma-check.sh).
+    /// rows per matrix step) instead of the 4-, 8- and 16-row dp4a builds. On by default since
+    /// the H100 run of 2026-12-06 (docs/GPU.md, "Batched decode on the matrix units"): gpu_check
+    /// within tolerance on 12 models, a 16-sequence decode step 7.58 -> 3.90 ms (Q8_0).
     pub matvec_mma: bool,
 }
 
@@ -107,7 +108,7 @@ impl Default for GpuOptions {
             eager: false,
             matvec: String::new(),
             moe: true,
-            matvec_mma: false,
+            matvec_mma: true,
         }
     }
 }
@@ -264,11 +265,11 @@ fn dp4a_kernel(kind: MatvecKind, lanes: usize, per_launch: usize) -> &'static st
 }
 
 /// Fewest activation rows of a mat-vec that `GpuOptions::matvec_mma` moves to the matrix
-/// units. From 2: a launch of the matrix-step kernel costs the same for 2 and for 16 rows (one
-/// 16x16 tile), and at 2-4 rows the dp4a `_x4` build already does 4 rows' dot products per
-/// weight unit, so the crossover is a device measurement (matvec_bench rows 2 and 4 in
-/// scripts/gpu-mma-check.sh); raise this if 2-4 rows are slower on the matrix units.
-const MMA_MIN_ROWS: usize = 2;
+/// units. A launch of the matrix-step kernel costs the same for 2 and for 16 rows (one 16x16
+/// tile), while the dp4a `_x4` build's cost grows with its rows: on the H100 (matvec_bench,
+/// 2026-12-06) dp4a was faster at 2 rows on every 1.4B Q8_0 matrix, even at 3, and the matrix
+/// units faster or equal from 4 rows (Q4_K: faster at 4 on every matrix).
+const MMA_MIN_ROWS: usize = 4;
 
 /// kernels/matvec_mma.hip: output rows and activation rows per workgroup.
 const MMA_TILE: usize = 16;

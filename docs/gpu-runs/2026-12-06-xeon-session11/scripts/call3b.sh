@@ -6,5 +6,5 @@
 # while 4 streams decode).
 set -uo pipefail
 D=$PWD/.gpu/s11b
-OUT=$OUT/serving SERVER_CPUS=0,1 CLIENT_CPUS=4-7 LEVELS=1,8 MIXED=3000 timeout 420 \
-  bash scripts/serving-ab.sh $D/civetta-lanes $D/civetta-sd25 2 2>&1
+OUT=$OUT/serving SERVER_CPUS=0,1 CLIENT_CPUS=4-7 LEVELS=1,8 MIXED=3000 timeout 200 \
+  bash scripts/serving-ab.sh $D/civetta-lanes $D/civetta-sd25 1 2>&1
