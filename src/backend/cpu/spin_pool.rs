@@ -139,8 +139,10 @@ impl Shared {
             if epoch_of(s) != epoch || first >= end {
                 return done;
             }
-            let share = end.saturating_sub(first).max(1);
-            let take = (items_of(self.state.load(Relaxed)) / (self.lanes.len() * CLAIMS_PER_LANE)).clamp(1, share);
+            // A run is 1/CLAIMS_PER_LANE of a lane's share of the region (the region's item
+            // count is in `state`), at most what is left of this lane.
+            let left = end - first;
+            let take = (items_of(self.state.load(Relaxed)) / (self.lanes.len() * CLAIMS_PER_LANE)).clamp(1, left);
             match lane.0.compare_exchange_weak(s, s + take as u64, AcqRel, Acquire) {
                 Ok(_) => {
                     // SAFETY: the claim succeeded, so the region whose lane this was is live
