@@ -219,8 +219,8 @@ impl Config {
         if e.min_prefill_chunk == 0 {
             bail!("engine.min_prefill_chunk must be at least 1");
         }
-        if !(e.kernel_timing.sample_rate > 0.0 && e.kernel_timing.sample_rate <= 1.0) {
-            bail!("engine.kernel_timing.sample_rate must be in (0, 1], got {}", e.kernel_timing.sample_rate);
+        if let Some(rate) = e.kernel_timing.sample_rate.filter(|r| !(*r > 0.0 && *r <= 1.0)) {
+            bail!("engine.kernel_timing.sample_rate must be in (0, 1], got {rate}");
         }
         Ok(())
     }
@@ -263,7 +263,7 @@ mod tests {
             assert_eq!(c.server.metrics_addr, "127.0.0.1:3333");
             assert_eq!(c.server.grpc_addr, "127.0.0.1:1111");
             assert_eq!(c.engine.threads, 5);
-            assert_eq!(c.engine.kernel_timing.sample_rate, 0.25);
+            assert_eq!(c.engine.kernel_timing.sample_rate, Some(0.25));
             // Flags over everything.
             let c = load(None, &[("engine.threads", json!(7)), ("model.path", json!("b.gguf"))]).unwrap();
             assert_eq!(c.engine.threads, 7);

@@ -50,7 +50,7 @@ pub fn run(plan: &LocalPlan, progress: &indicatif::ProgressBar) -> anyhow::Resul
         // One sequence at a time: a step is one prefill chunk of prefill_batch tokens.
         max_batch_tokens: plan.prefill_batch,
         kv_cache_bytes: 0,
-        kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: plan.sample_rate },
+        kernel_timing: KernelTimingConfig { enabled: plan.kernel_timing, sample_rate: Some(plan.sample_rate) },
         weights_memory: plan.weights_memory.unwrap_or_default(),
         cpu_repack: plan.cpu_repack.unwrap_or(true),
         // One sequence: nothing decodes while it prefills, the slowdown never applies.

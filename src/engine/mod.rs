@@ -131,7 +131,7 @@ impl Engine {
     pub fn load_on<B: Backend>(mut cfg: EngineConfig, be: Arc<B>) -> anyhow::Result<Engine> {
         let file = Arc::new(GgufFile::open_with(&cfg.model_path, cfg.weights_memory)?);
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
-        crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate);
+        crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate_for(be.name()));
         let model = Arc::new(Model::load(file.clone(), be)?);
         if cfg.max_batch_tokens == 0 {
             cfg.max_batch_tokens = default_max_batch_tokens(model.backend().name());

@@ -9,13 +9,29 @@ pub use crate::tokenizer::ChatMessage;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KernelTimingConfig {
     pub enabled: bool,
-    /// Fraction of calls per kernel that are timed, in (0, 1].
-    pub sample_rate: f64,
+    /// Fraction of calls per kernel that are timed, in (0, 1]; unset: the backend's default
+    /// (`sample_rate_for`). Every call is counted either way.
+    #[serde(default)]
+    pub sample_rate: Option<f64>,
 }
 
 impl Default for KernelTimingConfig {
     fn default() -> Self {
-        KernelTimingConfig { enabled: true, sample_rate: 1.0 }
+        KernelTimingConfig { enabled: true, sample_rate: None }
+    }
+}
+
+/// Timed fraction of calls on GPU backends when none is configured: an event pair around
+/// every launch cost 35% (H200, 2026-12-03) and 42% (H100 serving, 2026-12-06) of one
+/// stream's decode speed, 5% of launches 0.5-2.5% (docs/GPU.md, "Per-kernel metrics overhead").
+pub const GPU_DEFAULT_SAMPLE_RATE: f64 = 0.05;
+
+impl KernelTimingConfig {
+    /// The fraction of calls timed on `backend` (`Backend::name`): the configured rate, else
+    /// every call on the CPU backend (a timed op is two clock reads) and
+    /// `GPU_DEFAULT_SAMPLE_RATE` on the GPU backends.
+    pub fn sample_rate_for(&self, backend: &str) -> f64 {
+        self.sample_rate.unwrap_or(if backend == "cpu" { 1.0 } else { GPU_DEFAULT_SAMPLE_RATE })
     }
 }
 
@@ -338,4 +354,20 @@ pub struct ModelInfo {
     pub expert_count: usize,
     #[serde(default)]
     pub expert_used_count: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unset_sample_rate_times_every_cpu_op_and_a_twentieth_of_gpu_launches() {
+        let unset = KernelTimingConfig::default();
+        assert_eq!(unset.sample_rate_for("cpu"), 1.0);
+        assert_eq!(unset.sample_rate_for("cuda"), GPU_DEFAULT_SAMPLE_RATE);
+        assert_eq!(unset.sample_rate_for("hip"), GPU_DEFAULT_SAMPLE_RATE);
+        let set = KernelTimingConfig { enabled: true, sample_rate: Some(0.5) };
+        assert_eq!(set.sample_rate_for("cpu"), 0.5);
+        assert_eq!(set.sample_rate_for("cuda"), 0.5);
+    }
 }
