@@ -76,7 +76,7 @@ struct Shared {
 #[repr(align(128))]
 struct Lane(AtomicU64);
 
-/// Claims a lane is cut into (see `Shared::drain`): runs small enough that the other
+/// Claims a lane is cut into (see `Shared::work`): runs small enough that the other
 /// participants can take over the rest of a late one's lane.
 const CLAIMS_PER_LANE: usize = 4;
 
@@ -121,17 +121,20 @@ impl Shared {
     /// `me`'s own lane first, then the others' in turn.
     fn work(&self, epoch: u16, me: usize) {
         let lanes = self.lanes.len();
+        // A claim takes a run of 1/CLAIMS_PER_LANE of a lane's share of the region (its item
+        // count is in `state`): small enough that others can take over a late thread's lane.
+        let run = (items_of(self.state.load(Relaxed)) / (lanes * CLAIMS_PER_LANE)).max(1);
         for k in 0..lanes {
-            let done = self.drain(&self.lanes[(me + k) % lanes], epoch);
+            let done = self.drain(&self.lanes[(me + k) % lanes], epoch, run);
             if done > 0 {
                 self.finished.fetch_add(done, Release);
             }
         }
     }
 
-    /// Claims and runs runs of items from `lane` while it belongs to `epoch` and has any left;
-    /// returns how many items this thread ran.
-    fn drain(&self, lane: &Lane, epoch: u16) -> usize {
+    /// Claims and runs runs of up to `run` items from `lane` while it belongs to `epoch` and
+    /// has any left; returns how many items this thread ran.
+    fn drain(&self, lane: &Lane, epoch: u16, run: usize) -> usize {
         let mut done = 0;
         let mut s = lane.0.load(Acquire);
         loop {
@@ -139,10 +142,7 @@ impl Shared {
             if epoch_of(s) != epoch || first >= end {
                 return done;
             }
-            // A run is 1/CLAIMS_PER_LANE of a lane's share of the region (the region's item
-            // count is in `state`), at most what is left of this lane.
-            let left = end - first;
-            let take = (items_of(self.state.load(Relaxed)) / (self.lanes.len() * CLAIMS_PER_LANE)).clamp(1, left);
+            let take = run.min(end - first);
             match lane.0.compare_exchange_weak(s, s + take as u64, AcqRel, Acquire) {
                 Ok(_) => {
                     // SAFETY: the claim succeeded, so the region whose lane this was is live
