@@ -38,6 +38,7 @@ impl<B: Backend> Backend for Tap<B> {
     type Buffer = B::Buffer;
     type KvBuffer = B::KvBuffer;
     type WeightData = B::WeightData;
+    type ExpertTable = B::ExpertTable;
 
     fn name(&self) -> &'static str {
         self.inner.name()

@@ -28,6 +28,14 @@
 //! The batch-vs-solo check of an MoE model likewise judges the batch replaying the solo runs'
 //! expert choices (the free-routing number is printed beside it).
 //!
+//! Decode passes of MoE models (up to 16 rows) route on the device by default
+//! (`engine.gpu.moe_device_routing`: top-k, expert mat-vecs over device-side ids); a prefill of
+//! 160 rows and any pass with the routing tap on route on the host. So the greedy and
+//! graphs-vs-eager checks run the device routing, and for MoE models a `device routing ...`
+//! line compares its 64 decode steps with a backend routing them on the host: the expert
+//! selections both count (`ExpertLoad`), and the relative L2 of each step's logits, judged
+//! within the tolerance when no selection moved; a near tie may move a few (at most 1%).
+//!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma]
@@ -215,6 +223,48 @@ fn batch_pass<B: Backend>(model: &Model<B>, parts: &[&[u32]; 3], next: &[u32; 3]
     Ok((prefill, decode))
 }
 
+/// MoE decode routed on the device (`m_gpu`, the default) against the same GPU backend routing
+/// on the host: the 64 teacher-forced decode steps' logits within `tolerance(t)` and the expert
+/// selections counted by both (`ExpertLoad`) equal. Prints one `device routing` line.
+#[allow(clippy::too_many_arguments)]
+fn device_vs_host_routing<B: Backend>(
+    m_gpu: &Model<B>,
+    gpu_host: &Arc<B>,
+    file: Arc<GgufFile>,
+    prompt: &[u32],
+    tokens: &[u32],
+    t: GgmlType,
+    arch: &str,
+    q: &str,
+) -> anyhow::Result<bool> {
+    let m_host = Model::load(file, gpu_host.clone())?;
+    let load = |m: &Model<B>| m.expert_load().map(|l| l.snapshot()).unwrap_or_default();
+    let counted = |m: &Model<B>| -> anyhow::Result<(Vec<Vec<f32>>, Vec<u64>)> {
+        let before = load(m);
+        let logits = decode_logits(m, prompt, tokens)?;
+        Ok((logits, load(m).iter().zip(&before).map(|(a, b)| a - b).collect()))
+    };
+    let (dev, dev_load) = counted(m_gpu)?;
+    let (host, host_load) = counted(&m_host)?;
+    let worst = dev.iter().zip(&host).fold(0f64, |w, (a, b)| w.max(rel_l2(a, b)));
+    let selections: u64 = host_load.iter().sum();
+    // Selections that went to another expert (each moves one count out and one in).
+    let moved = dev_load.iter().zip(&host_load).map(|(a, b)| a.abs_diff(*b)).sum::<u64>() / 2;
+    // The two paths round differently (SwiGLU inside the quantiser, the fast exp of the device
+    // top-k), so a near tie can route one token differently, after which its logits move as
+    // much as under any routing flip (H100, 2026-12-06: 1 flip -> 1.7e-1). Same routing: the
+    // logits within the tolerance; otherwise at most 1% of the selections may move (a wrong
+    // expert choice moves most of them; the greedy check against the CPU is judged apart).
+    let ok = selections > 0 && if moved == 0 { worst < tolerance(t) } else { moved * 100 <= selections };
+    println!(
+        "device routing {arch} {q}: vs host routing rel. L2 {worst:.2e} (max over {} decode steps), {moved} of {selections} expert \
+         selections moved{}",
+        dev.len(),
+        if ok { "" } else { " FAIL" }
+    );
+    Ok(ok)
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let backend = arg(&args, "--backend", "cuda");
@@ -233,14 +283,15 @@ fn main() -> anyhow::Result<()> {
     let cpu = civetta::backend::create_cpu(0)?;
     let gpu = civetta::backend::create_with(&backend, 0, true, &opts)?;
     let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, ..opts.clone() })?;
-    // One name, one backend type: the pair is matched once and the check runs monomorphised.
+    let gpu_host = civetta::backend::create_with(&backend, 0, true, &GpuOptions { moe_device_routing: false, ..opts.clone() })?;
+    // One name, one backend type: the trio is matched once and the check runs monomorphised.
     #[allow(unreachable_patterns)]
-    let failures = match (gpu, gpu_eager) {
-        (LoadedBackend::Cpu(g), LoadedBackend::Cpu(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+    let failures = match (gpu, gpu_eager, gpu_host) {
+        (LoadedBackend::Cpu(g), LoadedBackend::Cpu(e), LoadedBackend::Cpu(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
         #[cfg(feature = "cuda")]
-        (LoadedBackend::Cuda(g), LoadedBackend::Cuda(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+        (LoadedBackend::Cuda(g), LoadedBackend::Cuda(e), LoadedBackend::Cuda(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
         #[cfg(feature = "hip")]
-        (LoadedBackend::Hip(g), LoadedBackend::Hip(e)) => check_all(&cpu, &g, &e, &archs, &quants, &size)?,
+        (LoadedBackend::Hip(g), LoadedBackend::Hip(e), LoadedBackend::Hip(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
         _ => unreachable!("one backend name made two backends of different types"),
     };
     if failures > 0 {
@@ -251,12 +302,11 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every arch x quant model on `gpu` (and `gpu_eager`) against the CPU backend; returns the
-/// count of models outside tolerance.
+/// Every arch x quant model on `gpu` (and `gpu_eager`, and for MoE models `gpu_host`, which
+/// routes on the host) against the CPU backend; returns the count of models outside tolerance.
 fn check_all<G: Backend>(
     cpu: &Arc<CpuBackend>,
-    gpu: &Arc<G>,
-    gpu_eager: &Arc<G>,
+    [gpu, gpu_eager, gpu_host]: [&Arc<G>; 3],
     archs: &str,
     quants: &str,
     size: &str,
@@ -280,7 +330,7 @@ fn check_all<G: Backend>(
             let file = Arc::new(GgufFile::open(&path)?);
             let m_cpu = Model::load(file.clone(), cpu.clone())?;
             let m_gpu = Model::load(file.clone(), gpu.clone())?;
-            let m_eager = Model::load(file, gpu_eager.clone())?;
+            let m_eager = Model::load(file.clone(), gpu_eager.clone())?;
             let prompt: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % spec.vocab as u32).collect();
             let (a, b, routing) = prefill_logits(&m_cpu, &m_gpu, &prompt)?;
             let v = spec.vocab;
@@ -331,7 +381,9 @@ fn check_all<G: Backend>(
             let eager = decode_logits(&m_eager, &prompt[..8], &tc)?;
             let same = graphed.iter().zip(&eager).filter(|(a, b)| a.iter().map(|v| v.to_bits()).eq(b.iter().map(|v| v.to_bits()))).count();
             let graphs_ok = same == eager.len();
-            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok;
+            let routing_dev_ok =
+                if routing.is_some() { device_vs_host_routing(&m_gpu, gpu_host, file, &prompt[..8], &tc, t, arch, q)? } else { true };
+            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok && routing_dev_ok;
             failures += usize::from(!ok);
             println!(
                 "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch_text} | {same}/{} equal | {} |",

@@ -57,3 +57,87 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_moe_scale_rows(float* x, const floa
   const long r = cv_bid_y();
   if (c < dim) x[r * dim + c] *= s[r];
 }
+
+// Router top-k on the device (decode; src/model/moe.rs `route` is the host form it follows):
+// per token, the probabilities (gating 0: softmax over all n experts, exp(x - max) times the
+// reciprocal of their sum; gating 1: the logits themselves), the k largest in descending order
+// (ties: lower expert id first), their probabilities as weights (gating 1: softmax over the k
+// selected logits), renormalised to sum 1 when `norm` (the sum clamped to f16's smallest
+// normal), times `scale` unless it is 0 or 1. Writes ids[t * k + s], weights[t * k + s], and
+// the ids again to ids_log when it is not null (the host reads those after the step for the
+// expert-load metric). The host sums in f64 and uses the exact exp; here exp is the fast one
+// and sums are f32 wave sums, so weights match the host's to a few ulp and the choice is the
+// same except on ties closer than that.
+// One wave per token: lane l holds experts l, l + 32, ...; n <= 32 * kTopkPerLane, k <= 32.
+// Grid: (tokens); block: CV_WAVE threads.
+namespace {
+constexpr int kTopkPerLane = 16;
+
+CV_DEVICE int shfl_xor_int(int v, unsigned mask) { return __builtin_bit_cast(int, cv_shfl_xor(__builtin_bit_cast(float, v), mask)); }
+} // namespace
+
+CV_KERNEL CV_LAUNCH_BOUNDS(CV_WAVE) void civetta_moe_topk(const float* logits, int* ids, float* weights, int* ids_log,
+                                                          int n, int k, int gating, int norm, float scale) {
+  const int t = (int)cv_bid_x(), lane = (int)cv_lane();
+  const float* row = logits + (long)t * n;
+  const float kNegInf = -__builtin_inff();
+  float p[kTopkPerLane];
+  float mx = kNegInf;
+  CV_UNROLL for (int j = 0; j < kTopkPerLane; ++j) {
+    const int e = lane + CV_WAVE * j;
+    p[j] = e < n ? row[e] : kNegInf;
+    mx = __builtin_fmaxf(mx, p[j]);
+  }
+  if (gating == 0) {
+    mx = cv_wave_max(mx);
+    float sum = 0.0f;
+    CV_UNROLL for (int j = 0; j < kTopkPerLane; ++j) {
+      const int e = lane + CV_WAVE * j;
+      p[j] = e < n ? cv_exp(p[j] - mx) : 0.0f;
+      sum += p[j];
+    }
+    const float inv = 1.0f / cv_wave_sum(sum);
+    CV_UNROLL for (int j = 0; j < kTopkPerLane; ++j) p[j] = (lane + CV_WAVE * j) < n ? p[j] * inv : kNegInf;
+  }
+  // k rounds of a wave-wide argmax over (value desc, id asc); lane s keeps round s's winner.
+  unsigned taken = 0;
+  float mine = 0.0f;
+  int mine_id = 0;
+  for (int s = 0; s < k; ++s) {
+    float v = kNegInf;
+    int id = 0x7fffffff;
+    CV_UNROLL for (int j = 0; j < kTopkPerLane; ++j) {
+      const int e = lane + CV_WAVE * j;
+      if (e < n && !(taken >> j & 1u) && (p[j] > v || id == 0x7fffffff)) {
+        v = p[j];
+        id = e;
+      }
+    }
+    for (unsigned m = CV_WAVE / 2; m > 0; m >>= 1) {
+      const float ov = cv_shfl_xor(v, m);
+      const int oid = shfl_xor_int(id, m);
+      if (ov > v || (ov == v && oid < id)) {
+        v = ov;
+        id = oid;
+      }
+    }
+    if (id % CV_WAVE == lane) taken |= 1u << (id / CV_WAVE);
+    if (lane == s) {
+      mine = v;
+      mine_id = id;
+    }
+  }
+  const bool active = lane < k;
+  if (gating == 1) {
+    const float m2 = cv_wave_max(active ? mine : kNegInf);
+    const float e = active ? cv_exp(mine - m2) : 0.0f;
+    mine = e * (1.0f / cv_wave_sum(e));
+  }
+  if (norm) mine = mine / __builtin_fmaxf(cv_wave_sum(active ? mine : 0.0f), 6.103515625e-5f);
+  if (scale != 0.0f && scale != 1.0f) mine *= scale;
+  if (active) {
+    ids[t * k + lane] = mine_id;
+    weights[t * k + lane] = mine;
+    if (ids_log) ids_log[t * k + lane] = mine_id;
+  }
+}

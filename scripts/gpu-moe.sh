@@ -3,7 +3,8 @@
 # qwen3moe / qwen2moe against the CPU backend, then a Qwen3-30B-A3B-shaped qwen3moe (Q4_K)
 # benchmarked against llama.cpp's CUDA backend on the same file, with decode against the
 # bandwidth roofline of the parameters a token reads;
-# first run on an H100 on 2026-12-05 (docs/gpu-runs/2026-12-05-h100-session8).
+# first run on an H100 on 2026-12-05 (docs/gpu-runs/2026-12-05-h100-session8). The bench step also runs
+# the decode with MoE routing on the host (`--gpu-moe-device-routing false`) beside the default device routing.
 #
 # usage (build machine):  scripts/gpu-moe.sh prepare      -> $GPU_DIR (default .gpu/15): stripped,
 #                         xz'd cuda builds of civetta and gpu_check, sm_90 PTX, this script as run.sh
@@ -24,6 +25,8 @@ if [[ "${1:-}" == prepare ]]; then
   cp -r "$(ls -d build/kernels/clang-*/sm_90 | sort -V | tail -1)" "$GPU_DIR/kernels/sm_90"
   for b in civetta examples/gpu_check; do strip -o "$GPU_DIR/$(basename $b)" "target/release/$b" && xz -9 -f "$GPU_DIR/$(basename $b)"; done
   cp scripts/gpu-moe.sh "$GPU_DIR/run.sh" && cp scripts/gpu-copy-bw.cu "$GPU_DIR/"
+  # llama.cpp for the `llama` step: .gpu/llama/build.sh and wait.sh with the source tarball
+  # (docs/gpu-runs/2026-12-05-h100-session8/scripts/llama-*.sh) are staged by hand.
   du -sh "$GPU_DIR"
   exit 0
 fi
@@ -81,8 +84,8 @@ if has bench; then
   BA=(bench --backend cuda --gpu-moe --kernel-dir "$K" -m "$M" -p 512 -n 128 -r "$REPS" --prefill-batch 512 --hash-tokens 16 -q -o json)
   stamp "civetta bench (kernel timing off)"
   $CIV "${BA[@]}" --kernel-timing off > "$O/civetta.json" 2> "$O/civetta.err" || { echo "BENCH FAILED"; tail -5 "$O/civetta.err"; }
-  stamp "civetta bench, graphs off (--gpu-eager)"
-  $CIV "${BA[@]}" --kernel-timing off --gpu-eager > "$O/civetta-eager.json" 2>> "$O/civetta.err" || echo "EAGER BENCH FAILED"
+  stamp "civetta bench, decode routed on the host (--gpu-moe-device-routing false)"
+  $CIV "${BA[@]}" --kernel-timing off --gpu-moe-device-routing false > "$O/civetta-host.json" 2>> "$O/civetta.err" || echo "HOST-ROUTING BENCH FAILED"
   stamp "civetta profile (5% of launches timed, 1 repetition)"
   $CIV bench --backend cuda --gpu-moe --kernel-dir "$K" -m "$M" -p 512 -n 32 -r 1 --prefill-batch 512 --hash-tokens 16 -q -o json \
     --kernel-timing on --sample-rate 0.05 > "$O/civetta-profile.json" 2>> "$O/civetta.err" || echo "PROFILE FAILED"
@@ -116,7 +119,7 @@ per_layer = attn * q4k + ne * d * 4 + nu * 3 * eff * d * q4k
 active = layers * per_layer + vocab * d * q4k
 bw = re.search(r"copy_gbs ([0-9.]+)", open(os.path.join(o, "copy-bw.txt")).read()) if os.path.exists(os.path.join(o, "copy-bw.txt")) else None
 bound = float(bw.group(1)) * 1e9 / active if bw else None
-civ, eager = load("civetta.json"), load("civetta-eager.json")
+civ, host = load("civetta.json"), load("civetta-host.json")
 lla = {fa: load(f"llama-fa{fa}.json") for fa in (0, 1)}
 def ll(rows, kind):
     for r in rows or []:
@@ -124,10 +127,10 @@ def ll(rows, kind):
         if kind == "tg" and r["n_prompt"] == 0: return r["avg_ts"]
 print(f"model: qwen3moe {layers} layers Q4_K; active bytes per decode token {active / 1e9:.3f} GB;"
       f" copy bandwidth {bw.group(1) if bw else '?'} GB/s; roofline {bound or 0:.0f} t/s")
-print("| test | civetta cuda | civetta eager | llama.cpp fa0 | llama.cpp fa1 | civetta / llama.cpp (best) | of roofline |")
+print("| test | civetta cuda | civetta, host routing | llama.cpp fa0 | llama.cpp fa1 | civetta / llama.cpp (best) | of roofline |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for t in (civ or {}).get("tests", []):
-    k = t["kind"]; e = next((x["mean_tps"] for x in (eager or {}).get("tests", []) if x["name"] == t["name"]), None)
+    k = t["kind"]; e = next((x["mean_tps"] for x in (host or {}).get("tests", []) if x["name"] == t["name"]), None)
     l0, l1 = ll(lla[0], k), ll(lla[1], k)
     best = max([x for x in (l0, l1) if x] or [0])
     roof = f"{t['mean_tps'] / bound:.3f}" if k == "tg" and bound else "-"

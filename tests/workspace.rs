@@ -31,6 +31,7 @@ impl<B: Backend> Backend for Counting<B> {
     type Buffer = B::Buffer;
     type KvBuffer = B::KvBuffer;
     type WeightData = B::WeightData;
+    type ExpertTable = B::ExpertTable;
 
     fn name(&self) -> &'static str {
         self.inner.name()

@@ -138,6 +138,35 @@ pub struct SeqAttention<'a> {
     pub shape: AttentionShape,
 }
 
+/// One MoE block's routed experts with the routing on the device (`Backend::routed_experts`):
+/// from the router logits, per token the top-k experts and their weights as
+/// `crate::model::moe::route` computes them (softmax gating, renormalisation, scale), then per
+/// (token, slot) SwiGLU(gate, up) and down of the chosen expert, and `out` = the weighted sum
+/// over the slots in slot order (as `weighted_sum_rows`). No expert id reaches the host
+/// during the step: they are also written to `ids_log` (as i32 bits in f32 slots), which the
+/// model reads after the step for the expert-load metric.
+pub struct RoutedExperts<'a, B: Backend + ?Sized> {
+    pub table: &'a B::ExpertTable,
+    pub params: &'a crate::model::MoeParams,
+    /// Router logits, n x n_expert.
+    pub logits: &'a B::Buffer,
+    /// The block's input, n x dim.
+    pub x: &'a B::Buffer,
+    pub n: usize,
+    pub dim: usize,
+    /// The chosen expert ids (i32 bits) then their weights: 2 x n x k.
+    pub choice: &'a mut B::Buffer,
+    /// Buffer and f32 offset where the n x k chosen ids are logged.
+    pub ids_log: (&'a mut B::Buffer, usize),
+    /// Gate and up outputs, n x k x n_ff_exp each.
+    pub gate: &'a mut B::Buffer,
+    pub up: &'a mut B::Buffer,
+    /// Each (token, slot)'s expert output, n x k x dim.
+    pub slots: &'a mut B::Buffer,
+    /// The weighted sum, n x dim.
+    pub out: &'a mut B::Buffer,
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// An f32 activation buffer.
     type Buffer: Send + Sync;
@@ -146,6 +175,10 @@ pub trait Backend: Send + Sync + 'static {
     type KvBuffer: Send + Sync;
     /// A weight tensor's storage, as `load_weight` prepared it.
     type WeightData: Send + Sync;
+    /// One MoE layer's expert matrices as device-side routing reaches them (`expert_table`,
+    /// `routed_experts`): the GPU backends' tables of per-expert addresses. Backends that
+    /// route on the host (the CPU) use `()` and never make one.
+    type ExpertTable: Send + Sync;
 
     /// "cpu", "hip", "cuda".
     fn name(&self) -> &'static str;
@@ -394,6 +427,24 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (first_row, n_rows, name);
         Err(Error::unsupported(self.name(), format!("row views (of \"{}\")", w.name)))
     }
+    /// The table of one MoE layer's experts for `routed_experts`, from their `weight_rows`
+    /// views (`gate[e]`, `up[e]`, `down[e]` are expert e's), or None: this backend routes on
+    /// the host (the default), or has no routed kernels for these weights.
+    fn expert_table(
+        &self,
+        gate: &[&WeightOf<Self>],
+        up: &[&WeightOf<Self>],
+        down: &[&WeightOf<Self>],
+    ) -> Result<Option<Self::ExpertTable>> {
+        let _ = (gate, up, down);
+        Ok(None)
+    }
+    /// The routed experts of an MoE block with the routing on the device (see
+    /// [`RoutedExperts`]); only called with a table `expert_table` made.
+    fn routed_experts(&self, r: RoutedExperts<'_, Self>) -> Result<()> {
+        let _ = r;
+        Err(Error::unsupported(self.name(), "device-side expert routing"))
+    }
     /// dst[rows[i]] = src[i] for each i, rows of width `dim`; `rows` holds no index twice.
     /// The default goes through host memory.
     fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
@@ -501,6 +552,10 @@ pub struct BackendArgs {
     /// (engine.gpu.matvec_mma, default true; `--gpu-matvec-mma false` keeps the dp4a builds).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_matvec_mma: Option<bool>,
+    /// GPU: MoE decode routes on the device (engine.gpu.moe_device_routing, default true;
+    /// `--gpu-moe-device-routing false` downloads the router logits and routes on the host).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_moe_device_routing: Option<bool>,
 }
 
 impl BackendArgs {
@@ -518,6 +573,7 @@ impl BackendArgs {
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
             moe: self.gpu_moe.unwrap_or(true),
             matvec_mma: self.gpu_matvec_mma.unwrap_or(true),
+            moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
         }
     }
 }

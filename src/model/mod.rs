@@ -505,6 +505,10 @@ impl<B: Backend> Model<B> {
             be.scale(x, n * d, s)?;
         }
         let mut moe_layers = 0;
+        if let Some(m) = moe.as_mut() {
+            // A pass that failed part way may have left ids of its device-routed layers.
+            m.routed_on_device = 0;
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             be.rmsnorm(x, &layer.attn_norm, n, d, hp.rms_eps, h)?;
@@ -653,6 +657,9 @@ impl<B: Backend> Model<B> {
             let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
             be.matmul(out_w, h, rows, logits)?;
             be.read(logits, 0, &mut host)?;
+        }
+        if let (Some(m), Some(load), Some(p)) = (moe.as_mut(), &self.expert_load, &hp.moe) {
+            moe::record_device_routing(be, load, p, m, n)?;
         }
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();

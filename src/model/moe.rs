@@ -16,15 +16,27 @@
 //! matmuls follow ggml's `mul_mat_id`: each active expert's tokens are gathered into one
 //! contiguous batch and multiplied by that expert's matrices, which are row views into the
 //! 3-D expert-major tensors (no copies; decode touches only the selected experts' bytes).
+//!
+//! Device routing (GPU backends, passes of up to `DEVICE_ROUTING_MAX_ROWS` rows): where the
+//! backend made an expert table for the layer (`Backend::expert_table`), the top-k, the expert
+//! mat-vecs and the weighted sum run on the device (`Backend::routed_experts`): no expert id
+//! goes to the host during the step, so a decode step is one replayable sequence of launches
+//! instead of a device sync per layer and launches per chosen expert. The ids are logged on
+//! the device and counted into `ExpertLoad` after the pass (`record_device_routing`). The host
+//! path stays for prefill, for gpt-oss's biases and activation, and while the routing tap is on.
 
 use super::hparams::{ExpertAct, Gating, MoeParams};
 use super::moe_trace::RoutingTap;
 use super::{HParams, MoeWorkspace};
-use crate::backend::{Backend, WeightOf};
+use crate::backend::{Backend, RoutedExperts, WeightOf};
 use crate::gguf::GgufFile;
 use anyhow::{bail, Context};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Passes of up to this many rows (decode, batched decode) route on the device where the
+/// backend can; longer ones (prefill) on the host, where each expert's tokens form one batch.
+pub const DEVICE_ROUTING_MAX_ROWS: usize = 16;
 
 /// How often each expert was selected, summed over the model's MoE layers: a token adds one
 /// to each of its top-k experts in every layer, so the counts sum to tokens x experts_used x
@@ -93,6 +105,9 @@ pub struct MoeWeights<B: Backend> {
     pub load: Arc<ExpertLoad>,
     /// The model's routing diagnostics (off unless gpu_check asks; `moe_trace`).
     pub tap: Arc<RoutingTap>,
+    /// The experts as the backend's device routing reaches them (`Backend::expert_table`),
+    /// None where routing stays on the host.
+    pub device_table: Option<B::ExpertTable>,
 }
 
 /// Loads layer `layer`'s MoE tensors and cuts the 3-D expert tensors into per-expert views.
@@ -171,7 +186,14 @@ pub fn load<B: Backend>(
     } else {
         None
     };
-    Ok(MoeWeights { router, router_bias, experts, shared, params: m, load, tap })
+    // Device routing covers SwiGLU experts without biases (not gpt-oss).
+    let device_table = if exp_biases.is_none() && m.act == ExpertAct::SwiGlu {
+        let views = |f: fn(&ExpertWeights<B>) -> &WeightOf<B>| experts.iter().map(f).collect::<Vec<_>>();
+        be.expert_table(&views(|e| &e.gate), &views(|e| &e.up), &views(|e| &e.down))?
+    } else {
+        None
+    };
+    Ok(MoeWeights { router, router_bias, experts, shared, params: m, load, tap, device_table })
 }
 
 /// An F32 tensor of `n` elements read into host memory (small per-layer vectors).
@@ -298,6 +320,30 @@ fn softmax_ggml(x: &[f32], out: &mut [f32]) {
 pub fn ffn<B: Backend>(be: &B, m: &MoeWeights<B>, ws: &mut MoeWorkspace<B>, h: &mut B::Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
     be.matmul(&m.router, h, n, &mut ws.router_logits)?;
+    if let Some(table) = m.device_table.as_ref().filter(|_| n <= DEVICE_ROUTING_MAX_ROWS && !m.tap.active() && m.router_bias.is_none()) {
+        let k = m.params.n_expert_used;
+        let MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate, choice, routed_ids, routed_on_device } = ws;
+        be.routed_experts(RoutedExperts {
+            table,
+            params: &m.params,
+            logits: router_logits,
+            x: h,
+            n,
+            dim: d,
+            choice,
+            ids_log: (routed_ids, *routed_on_device * n * k),
+            gate,
+            up,
+            slots,
+            out,
+        })?;
+        *routed_on_device += 1;
+        if let Some(sh) = &m.shared {
+            shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out)?;
+        }
+        std::mem::swap(h, out);
+        return Ok(());
+    }
     let mut host = vec![0f32; n * ne];
     be.read(&ws.router_logits, 0, &mut host)?;
     if let Some(b) = &m.router_bias {
@@ -308,6 +354,30 @@ pub fn ffn<B: Backend>(be: &B, m: &MoeWeights<B>, ws: &mut MoeWorkspace<B>, h: &
     let routing = if m.tap.active() { tapped_route(&m.tap, &host, &m.params, n)? } else { route(&host, &m.params) };
     m.load.record(&routing.experts);
     expert_outputs_and_sum(be, m, ws, h, n, d, ff, &routing)
+}
+
+/// Counts the experts that the pass's device-routed layers chose (`ws.routed_ids`, written by
+/// `Backend::routed_experts`) into `load`; call after the pass has been waited for (its logits
+/// read), with the pass's row count.
+pub fn record_device_routing<B: Backend>(
+    be: &B,
+    load: &ExpertLoad,
+    p: &MoeParams,
+    ws: &mut MoeWorkspace<B>,
+    n: usize,
+) -> anyhow::Result<()> {
+    let layers = std::mem::take(&mut ws.routed_on_device);
+    if layers == 0 {
+        return Ok(());
+    }
+    let mut ids = vec![0f32; layers * n * p.n_expert_used];
+    be.read(&ws.routed_ids, 0, &mut ids)?;
+    let ids: Vec<u32> = ids.iter().map(|v| v.to_bits()).collect();
+    if let Some(bad) = ids.iter().find(|&&e| e as usize >= p.n_expert) {
+        bail!("device routing chose expert {bad} of {}", p.n_expert);
+    }
+    load.record(&ids);
+    Ok(())
 }
 
 /// `route` through the routing tap: replaying a recorded call's experts, or recording this one.

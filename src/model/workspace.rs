@@ -67,6 +67,14 @@ pub struct MoeWorkspace<B: Backend> {
     pub(crate) out: B::Buffer,
     /// The shared expert's gate logit per token, rows.
     pub(crate) shared_gate: B::Buffer,
+    /// Device-side routing (`moe::DEVICE_ROUTING_MAX_ROWS` rows at most): the chosen expert
+    /// ids and weights, 2 x rows x k.
+    pub(crate) choice: B::Buffer,
+    /// The ids each device-routed layer of the pass chose, layer after layer (n_layer x rows x
+    /// k), read after the pass for the expert-load metric.
+    pub(crate) routed_ids: B::Buffer,
+    /// Layers of the current pass routed on the device so far (their ids in `routed_ids`).
+    pub(crate) routed_on_device: usize,
 }
 
 /// Lengths (f32 elements) of every buffer, in the order `Workspace::new` allocates them.
@@ -88,7 +96,10 @@ fn lengths(hp: &HParams, s: WorkspaceShape) -> (Vec<usize>, Vec<usize>) {
         None => Vec::new(),
         Some(m) => {
             let ff = m.n_ff_exp.max(m.n_ff_shexp);
-            vec![n * m.n_expert, n * m.n_expert_used * d, n * d, n * ff, n * ff, n * d, n]
+            // Device routing runs SwiGLU on every (token, slot) row at once.
+            let dev = n.min(super::moe::DEVICE_ROUTING_MAX_ROWS) * m.n_expert_used;
+            let ff_rows = n.max(dev);
+            vec![n * m.n_expert, n * m.n_expert_used * d, n * d, ff_rows * ff, ff_rows * ff, n * d, n, 2 * dev, hp.n_layer * dev]
         }
     };
     (main, moe)
@@ -108,10 +119,12 @@ impl<B: Backend> Workspace<B> {
         let moe = if moe.is_empty() {
             None
         } else {
-            let Ok([router_logits, slots, xe, gate, up, out, shared_gate]) = <[B::Buffer; 7]>::try_from(alloc_all(&moe)?) else {
-                unreachable!("seven lengths, seven buffers")
+            let Ok([router_logits, slots, xe, gate, up, out, shared_gate, choice, routed_ids]) =
+                <[B::Buffer; 9]>::try_from(alloc_all(&moe)?)
+            else {
+                unreachable!("nine lengths, nine buffers")
             };
-            Some(MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate })
+            Some(MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate, choice, routed_ids, routed_on_device: 0 })
         };
         let bytes = Workspace::<B>::bytes_for(hp, shape);
         Ok(Workspace { shape, bytes, x, h, q, k, v, att, gate, up, picked, logits, moe })

@@ -87,6 +87,7 @@ impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type KvBuffer = CpuKvBuffer;
     type WeightData = MappedWeight;
+    type ExpertTable = ();
 
     fn name(&self) -> &'static str {
         "cpu"

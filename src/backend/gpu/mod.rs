@@ -92,6 +92,11 @@ pub struct GpuOptions {
     /// the H100 run of 2026-12-06 (docs/GPU.md, "Batched decode on the matrix units"): gpu_check
     /// within tolerance on 12 models, a 16-sequence decode step 7.58 -> 3.90 ms (Q8_0).
     pub matvec_mma: bool,
+    /// MoE decode (passes of up to 16 rows) routes on the device: the top-k, the expert
+    /// mat-vecs over device-side expert ids and the weighted sum, with no host round trip
+    /// (`moe.rs`, `Backend::routed_experts`). False keeps the host routing of every pass (the
+    /// router logits downloaded, launches per chosen expert). For comparisons and as a way out.
+    pub moe_device_routing: bool,
 }
 
 impl Default for GpuOptions {
@@ -109,6 +114,7 @@ impl Default for GpuOptions {
             matvec: String::new(),
             moe: true,
             matvec_mma: true,
+            moe_device_routing: true,
         }
     }
 }
@@ -372,7 +378,25 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     ("matvec_mma", &[("matvec_mma_q8p", 256), ("matvec_mma_q4k", 256)]),
     (
         "moe",
-        &[("moe_router_f32", 256), ("moe_gather_rows", 256), ("moe_scatter_rows", 256), ("moe_weighted_sum", 256), ("moe_scale_rows", 256)],
+        &[
+            ("moe_router_f32", 256),
+            ("moe_gather_rows", 256),
+            ("moe_scatter_rows", 256),
+            ("moe_weighted_sum", 256),
+            ("moe_scale_rows", 256),
+            ("moe_topk", 32),
+        ],
+    ),
+    (
+        "moe_matvec",
+        &[
+            ("moe_matvec_q8p_g32", 128),
+            ("moe_matvec_q8p_g64", 128),
+            ("moe_matvec_q8p_g128", 128),
+            ("moe_matvec_q4k_g32", 128),
+            ("moe_matvec_q4k_g64", 128),
+            ("moe_matvec_q4k_g128", 128),
+        ],
     ),
     ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 256)]),
     ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
@@ -554,6 +578,8 @@ pub struct GpuBackend<A: GpuApi> {
     dp4a_max_rows: usize,
     /// `GpuOptions::matvec_mma`.
     matvec_mma: bool,
+    /// `GpuOptions::moe_device_routing`.
+    moe_device_routing: bool,
     /// `GpuOptions::gemm_tile`.
     gemm_tile: GemmTile,
     /// `GpuOptions::prefill_attention`: the matrix-step kernel where the head size has one.
@@ -681,6 +707,7 @@ impl<A: GpuApi> GpuBackend<A> {
             prefill_attention_mma,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
             matvec_mma: opts.matvec_mma,
+            moe_device_routing: opts.moe_device_routing,
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
@@ -1103,18 +1130,7 @@ impl<A: GpuApi> GpuBackend<A> {
         let fresh = self.fresh_q8.lock().take().filter(|f| f.x == x && f.len == rows * k && up == 0);
         let (xq, xds) = match fresh {
             Some(f) => (f.q, f.ds),
-            None => {
-                let xq = self.pooled_alloc(rows * k)?;
-                let xds = self.scratch(rows * k / 16, Elem::F32)?;
-                let blocks = rows * k / 32;
-                self.launch(
-                    "quantize_q8_1",
-                    rows,
-                    [blocks.div_ceil(8), 1, 1],
-                    Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(rows * k),
-                )?;
-                (xq, xds)
-            }
+            None => self.quantize_q8_1(x, up, rows, rows * k)?,
         };
         let mut args = Args::default();
         for i in 0..3 {
@@ -1134,6 +1150,22 @@ impl<A: GpuApi> GpuBackend<A> {
         let name = dp4a_kernel(kind, lanes, per_group);
         self.launch(name, rows, [total.div_ceil(128 / lanes), rows.div_ceil(per_group), 1], args)?;
         Ok(())
+    }
+
+    /// `len` values at `x` (or silu(x) * up when `up` != 0) as q8_1 blocks for the dp4a
+    /// kernels: the int8 values and (d, s) per block of 32, by one `quantize_q8_1` launch
+    /// (`rows` labels its metrics).
+    fn quantize_q8_1(&self, x: DevicePtr, up: DevicePtr, rows: usize, len: usize) -> Result<(DevBuf, GpuBuffer)> {
+        let xq = self.pooled_alloc(len)?;
+        let xds = self.scratch(len / 16, Elem::F32)?;
+        let blocks = len / 32;
+        self.launch(
+            "quantize_q8_1",
+            rows,
+            [blocks.div_ceil(8), 1, 1],
+            Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(len),
+        )?;
+        Ok((xq, xds))
     }
 
     /// The matrix-unit mat-vec for `rows` activation rows of a dp4a layout, when
@@ -1282,6 +1314,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     type Buffer = GpuBuffer;
     type KvBuffer = GpuBuffer;
     type WeightData = DeviceWeight;
+    type ExpertTable = moe::ExpertTable;
 
     fn name(&self) -> &'static str {
         self.api.backend_name()
@@ -1680,6 +1713,19 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.scatter_rows_dev(src, rows, dim, dst)
     }
 
+    fn expert_table(
+        &self,
+        gate: &[&WeightOf<Self>],
+        up: &[&WeightOf<Self>],
+        down: &[&WeightOf<Self>],
+    ) -> Result<Option<Self::ExpertTable>> {
+        self.expert_table_dev(gate, up, down)
+    }
+
+    fn routed_experts(&self, r: super::RoutedExperts<'_, Self>) -> Result<()> {
+        self.routed_experts_dev(r)
+    }
+
     fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
         self.weighted_sum_rows_dev(src, weights, n, k, dim, out)
     }
@@ -1708,6 +1754,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
             "matvec_max_rows": self.dp4a_max_rows,
             "matvec_mma": self.matvec_mma,
+            "moe_device_routing": self.moe_device_routing,
             "gemm_tile": self.gemm_tile.name(),
         })
     }

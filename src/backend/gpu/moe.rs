@@ -10,6 +10,12 @@
 //! - The routers (`ffn_gate_inp`, qwen2moe's `ffn_gate_inp_shexp`) stay f32 on the device and
 //!   run through `moe_router_f32` (kernels/moe.hip), so the top-k choice (made on the host from
 //!   the downloaded logits) sees logits close to the CPU's.
+//! - Device routing (decode): `expert_table` uploads, per layer, tables of each expert's
+//!   weight addresses (the per-expert weights above, nothing copied), and `routed_experts`
+//!   runs `moe_topk` (the router's top-k and weights on the device), one `moe_matvec` launch
+//!   for every (token, slot)'s gate and up, one for down (kernels/moe_matvec.hip, the dp4a
+//!   mat-vec over device-side expert ids) and the weighted sum with the device-side weights:
+//!   seven launches per MoE layer whatever the routing, no host round trip.
 //! - `gather_rows` / `scatter_rows` of more than a few rows, `weighted_sum_rows` and
 //!   `scale_rows` run as kernels over an uploaded index / weight list instead of the trait's
 //!   host round trips. The weighted sum keeps ggml's order (kernels/moe.hip).
@@ -21,6 +27,53 @@ use super::*;
 /// do); longer lists with one `moe_gather_rows` / `moe_scatter_rows` launch over an uploaded
 /// index list.
 const COPY_MAX_ROWS: usize = 4;
+
+/// Most experts `moe_topk` chooses among (kernels/moe.hip: 16 per lane of a 32-lane wave).
+const TOPK_MAX_EXPERTS: usize = 512;
+
+/// Most experts per token `moe_topk` chooses (one lane each).
+const TOPK_MAX_USED: usize = 32;
+
+/// One MoE layer's experts as the routed mat-vecs reach them (kernels/moe_matvec.hip).
+pub struct ExpertTable {
+    gate: ExpertMatrices,
+    up: ExpertMatrices,
+    down: ExpertMatrices,
+}
+
+/// One of an MoE layer's expert matrices (gate, up or down) for every expert: entry e of the
+/// device tables is expert e's weight address (the int8 plane or the raw Q4_K blocks) and, for
+/// the planes, its scale plane's. The addresses are of the per-expert weights, which the
+/// model's `MoeWeights` keeps alive beside the table.
+struct ExpertMatrices {
+    kind: MatvecKind,
+    rows: usize,
+    cols: usize,
+    w: DevBuf,
+    s: Option<DevBuf>,
+}
+
+impl ExpertMatrices {
+    fn kernel(&self) -> &'static str {
+        let q4k = self.kind == MatvecKind::Q4KDp4a;
+        match (q4k, matvec_lanes(self.cols / if q4k { 32 } else { 16 })) {
+            (false, 32) => "moe_matvec_q8p_g32",
+            (false, 64) => "moe_matvec_q8p_g64",
+            (false, _) => "moe_matvec_q8p_g128",
+            (true, 32) => "moe_matvec_q4k_g32",
+            (true, 64) => "moe_matvec_q4k_g64",
+            (true, _) => "moe_matvec_q4k_g128",
+        }
+    }
+
+    fn lanes(&self) -> usize {
+        matvec_lanes(self.cols / if self.kind == MatvecKind::Q4KDp4a { 32 } else { 16 })
+    }
+
+    fn s_ptr(&self) -> DevicePtr {
+        self.s.as_ref().map_or(0, |s| s.ptr)
+    }
+}
 
 /// Why a GPU backend refuses this model's experts, if it does: gpt-oss (MXFP4 experts, expert
 /// biases, attention sinks) always; qwen3moe and qwen2moe when `engine.gpu.moe` is off.
@@ -77,6 +130,136 @@ impl<A: GpuApi> GpuBackend<A> {
             cols: w.cols,
             data: DeviceWeight { file: gw.file.clone(), index: gw.index, layout },
         })
+    }
+
+    /// `Backend::expert_table`: the tables of one layer's experts, or None where the routed
+    /// mat-vecs have no build for them (not the dp4a family, a layout other than Q8_0 / Q5_0
+    /// planes or Q4_K blocks, gate and up of different layouts, too many experts) or
+    /// `GpuOptions::moe_device_routing` is off.
+    pub(super) fn expert_table_dev(&self, gate: &[&GpuWeight], up: &[&GpuWeight], down: &[&GpuWeight]) -> Result<Option<ExpertTable>> {
+        if !self.moe_device_routing
+            || !matches!(self.matvec_family, MatvecFamily::Dp4a { .. })
+            || gate.is_empty()
+            || gate.len() > TOPK_MAX_EXPERTS
+        {
+            return Ok(None);
+        }
+        let matrices = |ws: &[&GpuWeight]| -> Result<Option<ExpertMatrices>> {
+            let (rows, cols) = (ws[0].rows, ws[0].cols);
+            let mut kinds = Vec::with_capacity(ws.len());
+            for w in ws {
+                match self.matvec_weight(w, 1) {
+                    Some(m) if matches!(m.kind, MatvecKind::Q8Planes | MatvecKind::Q4KDp4a) && w.rows == rows && w.cols == cols => {
+                        kinds.push(m)
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            let kind = kinds[0].kind;
+            if kinds.iter().any(|m| m.kind != kind) {
+                return Ok(None);
+            }
+            let table = |f: fn(&MatvecWeight) -> DevicePtr| kinds.iter().flat_map(|m| f(m).to_le_bytes()).collect::<Vec<u8>>();
+            let w = self.upload_new(&table(|m| m.w))?;
+            let s = if kind == MatvecKind::Q8Planes { Some(self.upload_new(&table(|m| m.s))?) } else { None };
+            Ok(Some(ExpertMatrices { kind, rows, cols, w, s }))
+        };
+        let (Some(g), Some(u), Some(d)) = (matrices(gate)?, matrices(up)?, matrices(down)?) else {
+            return Ok(None);
+        };
+        if g.kind != u.kind || g.cols != u.cols {
+            return Ok(None);
+        }
+        Ok(Some(ExpertTable { gate: g, up: u, down: d }))
+    }
+
+    /// `Backend::routed_experts`: top-k, gate/up, SwiGLU + down, weighted sum, all on the
+    /// device (seven launches with the two quantisers).
+    pub(super) fn routed_experts_dev(&self, r: crate::backend::RoutedExperts<'_, Self>) -> Result<()> {
+        use crate::model::Gating;
+        let (p, t) = (r.params, r.table);
+        let (n, k, d, ff) = (r.n, p.n_expert_used, r.dim, t.gate.rows);
+        if k == 0 || k > TOPK_MAX_USED || k > p.n_expert || t.down.rows != d || t.gate.cols != d || t.down.cols != ff {
+            return Err(Error::invalid(
+                self.be(),
+                format!("device routing of {k} of {} experts over an expert table of {ff} x {d}", p.n_expert),
+            ));
+        }
+        let slots = n * k;
+        let ids = r.choice.mem.ptr;
+        let weights = ids + (slots * 4) as u64;
+        let log = r.ids_log.0.mem.ptr + (r.ids_log.1 * 4) as u64;
+        let gating = match p.gating {
+            Gating::Softmax => 0,
+            Gating::SoftmaxWeight => 1,
+        };
+        self.launch(
+            "moe_topk",
+            n,
+            [n, 1, 1],
+            Args::default()
+                .ptr(r.logits.mem.ptr)
+                .ptr(ids)
+                .ptr(weights)
+                .ptr(log)
+                .i32(p.n_expert)
+                .i32(k)
+                .i32(gating)
+                .i32(usize::from(p.norm_topk))
+                .f32(p.weights_scale),
+        )?;
+        // Gate and up of every (token, slot), from the token's quantised input.
+        let (xq, xds) = self.quantize_q8_1(r.x.mem.ptr, 0, n, n * d)?;
+        let (g, u) = (&t.gate, &t.up);
+        self.launch(
+            g.kernel(),
+            n,
+            [(2 * ff).div_ceil(128 / g.lanes()), slots, 1],
+            Args::default()
+                .ptr(g.w.ptr)
+                .ptr(g.s_ptr())
+                .ptr(r.gate.mem.ptr)
+                .i32(ff)
+                .ptr(u.w.ptr)
+                .ptr(u.s_ptr())
+                .ptr(r.up.mem.ptr)
+                .i32(ff)
+                .ptr(ids)
+                .ptr(xq.ptr)
+                .ptr(xds.mem.ptr)
+                .i32(d)
+                .i32(k)
+                .i32(0),
+        )?;
+        // Down of each slot's silu(gate) * up (SwiGLU in the quantiser).
+        let (hq, hds) = self.quantize_q8_1(r.gate.mem.ptr, r.up.mem.ptr, n, slots * ff)?;
+        let dn = &t.down;
+        self.launch(
+            dn.kernel(),
+            n,
+            [d.div_ceil(128 / dn.lanes()), slots, 1],
+            Args::default()
+                .ptr(dn.w.ptr)
+                .ptr(dn.s_ptr())
+                .ptr(r.slots.mem.ptr)
+                .i32(d)
+                .ptr(0)
+                .ptr(0)
+                .ptr(0)
+                .i32(0)
+                .ptr(ids)
+                .ptr(hq.ptr)
+                .ptr(hds.mem.ptr)
+                .i32(ff)
+                .i32(k)
+                .i32(1),
+        )?;
+        self.launch(
+            "moe_weighted_sum",
+            n,
+            [d.div_ceil(256), n, 1],
+            Args::default().ptr(r.slots.mem.ptr).ptr(weights).ptr(r.out.mem.ptr).i32(k).i32(d),
+        )
     }
 
     /// out[rows x w.rows] = x · wᵀ for an f32 weight kept whole (`is_router`).
