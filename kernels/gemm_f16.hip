@@ -75,8 +75,9 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
 // bit), fed differently: K stages of BK halves per barrier pair instead of 32, and the next
 // stage's global loads issued into registers before this stage's matrix steps and written to
 // shared memory after them (gemm_stage.h), so their latency hides behind the arithmetic.
+// Rows m0 .. m0 + BM of A (those below M) against columns bid_x * BN .. of B.
 template <int BM, int BN, int WM, int WN, int BK>
-CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {
+CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int M, int N, int K, int m0) {
   constexpr int kStride = BK + 8; // halves: 16-byte aligned rows, fragment reads conflict-free
   constexpr int kWavesN = BN / WN;
   constexpr int kThreads = (BM / WM) * kWavesN * CV_WAVE;
@@ -84,7 +85,7 @@ CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int
   __shared__ __attribute__((aligned(16))) cv_half a_tile[BM * kStride];
   __shared__ __attribute__((aligned(16))) cv_half b_tile[BN * kStride];
 
-  const int m0 = (int)cv_bid_y() * BM, n0 = (int)cv_bid_x() * BN;
+  const int n0 = (int)cv_bid_x() * BN;
   const int wave = (int)cv_tid_x() / CV_WAVE;
   const int wm = (wave / kWavesN) * WM, wn = (wave % kWavesN) * WN;
 
@@ -131,8 +132,19 @@ CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int
 #define CIVETTA_GEMM_F16(BM, BN, WM, WN)                                                          \
   CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_f16_##BM##x##BN( \
       const cv_half* A, const cv_half* B, float* C, int M, int N, int K) {                        \
-    gemm_f16_staged<BM, BN, WM, WN, 64>(A, B, C, M, N, K);                                                 \
+    gemm_f16_staged<BM, BN, WM, WN, 64>(A, B, C, M, N, K, (int)cv_bid_y() * BM);                          \
   }
 
 CIVETTA_GEMM_F16(64, 64, 32, 32)   // 4 waves, 2x2 steps each
 CIVETTA_GEMM_F16(128, 128, 64, 32) // 8 waves, 4x2 steps each
+
+// Grouped form for mixture-of-experts prefill (issue #15; src/backend/gpu/moe.rs): A holds the
+// routed (token, slot) rows sorted by expert, each expert's rows one segment; B[e] is expert e's
+// f16 weight copy. Each grid row y is one BM-row tile of one segment: tiles[3y .. 3y + 2] =
+// (expert, first row, end of the segment); C rows are A's. Same arithmetic per output element
+// as civetta_gemm_f16_64x64. Grid: (ceil(N/64), tiles); block: 128 threads.
+CV_KERNEL CV_LAUNCH_BOUNDS(128) void civetta_moe_gemm_f16_64x64(const cv_half* A, const cv_half* const* B, float* C,
+                                                                const int* tiles, int N, int K) {
+  const int* t = tiles + 3 * (int)cv_bid_y();
+  gemm_f16_staged<64, 64, 32, 32, 64>(A, B[t[0]], C, t[2], N, K, t[1]);
+}

@@ -445,6 +445,26 @@ pub trait Backend: Send + Sync + 'static {
         let _ = r;
         Err(Error::unsupported(self.name(), "device-side expert routing"))
     }
+    /// The prefill form of `routed_experts`, with the routing made on the host (`experts[t * k
+    /// + s]` chosen for token t's slot s with weight `weights[t * k + s]`): every (token, slot)
+    /// row through its expert's SwiGLU and down in one grouped launch per matrix, then `out` =
+    /// the weighted sum over the slots (n x dim). Returns false where the backend has no grouped
+    /// kernels for this table (the model then runs expert by expert); the default.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_experts(
+        &self,
+        table: &Self::ExpertTable,
+        experts: &[u32],
+        weights: &[f32],
+        k: usize,
+        x: &Self::Buffer,
+        n: usize,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
+        let _ = (table, experts, weights, k, x, n, dim, out);
+        Ok(false)
+    }
     /// dst[rows[i]] = src[i] for each i, rows of width `dim`; `rows` holds no index twice.
     /// The default goes through host memory.
     fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {

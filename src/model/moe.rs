@@ -410,6 +410,16 @@ fn expert_outputs_and_sum<B: Backend>(
 ) -> anyhow::Result<()> {
     let k = r.k;
     let MoeWorkspace { slots, xe, gate, up, out, shared_gate, .. } = ws;
+    // One grouped launch per matrix over every expert's rows, where the backend has one.
+    if let Some(table) = &m.device_table {
+        if be.grouped_experts(table, &r.experts, &r.weights, k, h, n, d, out)? {
+            if let Some(sh) = &m.shared {
+                shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out)?;
+            }
+            std::mem::swap(h, out);
+            return Ok(());
+        }
+    }
     for (e, ew) in m.experts.iter().enumerate() {
         // The tokens this expert serves and the (token, slot) rows its outputs go to.
         let mut tokens = Vec::new();

@@ -328,7 +328,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
     ("matvec_q5", &[("matvec_q5_0", 128), ("matvec_q5_1", 128)]),
     ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
-    ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256)]),
+    ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256), ("moe_gemm_f16_64x64", 128)]),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
     ("kv_cache", &[("kv_store_f16", 256), ("kv_store_batch_f16", 256)]),
     (
@@ -1724,6 +1724,20 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn routed_experts(&self, r: super::RoutedExperts<'_, Self>) -> Result<()> {
         self.routed_experts_dev(r)
+    }
+
+    fn grouped_experts(
+        &self,
+        table: &Self::ExpertTable,
+        experts: &[u32],
+        weights: &[f32],
+        k: usize,
+        x: &Self::Buffer,
+        n: usize,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
+        self.grouped_experts_dev(table, experts, weights, k, x, n, dim, out)
     }
 
     fn weighted_sum_rows(&self, src: &Self::Buffer, weights: &[f32], n: usize, k: usize, dim: usize, out: &mut Self::Buffer) -> Result<()> {
