@@ -14,8 +14,9 @@
 //! qwen3moe and qwen2moe (mixture of experts, synth's small preset: 8 experts, top-2, expert
 //! width 512; qwen2moe with its shared expert) run the same checks: the 160-token prompt puts
 //! about 40 rows on each expert (the GEMMs), decode one row per expert (the mat-vecs), and the
-//! batched decode of three sequences 1-3 rows per expert. Routing runs on the host from the
-//! GPU's router logits, so a near tie in the top-k could pick another expert than the CPU.
+//! batched decode of three sequences 1-3 rows per expert. Routing comes from the GPU's router
+//! logits (on the host for the prefill, on the device for decode, below), so a near tie in the
+//! top-k could pick another expert than the CPU.
 //!
 //! For MoE models the prefill is also run with routing traced (src/model/moe_trace.rs): a
 //! `routing ...` line gives the free-routing error, the error with the CPU replaying the GPU's
