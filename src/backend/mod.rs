@@ -445,8 +445,8 @@ pub trait Backend: Send + Sync + 'static {
         let _ = r;
         Err(Error::unsupported(self.name(), "device-side expert routing"))
     }
-    /// The prefill form of `routed_experts`, with the routing made on the host (`experts[t * k
-    /// + s]` chosen for token t's slot s with weight `weights[t * k + s]`): every (token, slot)
+    /// The prefill form of `routed_experts`, with the routing made on the host (`experts[t*k+s]`
+    /// chosen for token t's slot s with weight `weights[t*k+s]`): every (token, slot)
     /// row through its expert's SwiGLU and down in one grouped launch per matrix, then `out` =
     /// the weighted sum over the slots (n x dim). Returns false where the backend has no grouped
     /// kernels for this table (the model then runs expert by expert); the default.

@@ -58,8 +58,7 @@ struct ExpertMatrices {
 
 impl ExpertMatrices {
     fn kernel(&self) -> &'static str {
-        let q4k = self.kind == MatvecKind::Q4KDp4a;
-        match (q4k, matvec_lanes(self.cols / if q4k { 32 } else { 16 })) {
+        match (self.kind == MatvecKind::Q4KDp4a, self.lanes()) {
             (false, 32) => "moe_matvec_q8p_g32",
             (false, 64) => "moe_matvec_q8p_g64",
             (false, _) => "moe_matvec_q8p_g128",
@@ -69,6 +68,8 @@ impl ExpertMatrices {
         }
     }
 
+    /// Lanes per row, as the dense dp4a mat-vec picks them for rows of `cols` (16-value units
+    /// for the planes, 32 for Q4_K).
     fn lanes(&self) -> usize {
         matvec_lanes(self.cols / if self.kind == MatvecKind::Q4KDp4a { 32 } else { 16 })
     }
