@@ -37,6 +37,13 @@
 //! selections both count (`ExpertLoad`), and the relative L2 of each step's logits, judged
 //! within the tolerance when no selection moved; a near tie may move a few (at most 1%).
 //!
+//! Q4_K models: the prefill GEMM reads the raw blocks by default (`engine.gpu.q4k_f16_copies`
+//! off, `gemm_q4k_*` / `moe_gemm_q4k_64x64`); a `raw Q4_K vs f16 copies` line compares the
+//! 160-row prefill logits with a backend keeping the f16 copies, which must be equal bit for bit.
+//!
+//! gpt-oss (MXFP4 experts as int8 planes, YaRN RoPE, attention sinks, `swiglu_oai`; its experts
+//! always routed on the host) runs the same checks: `--archs gpt-oss --quants mxfp4,q8_0,q4_k`.
+//!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma]
@@ -285,14 +292,21 @@ fn main() -> anyhow::Result<()> {
     let gpu = civetta::backend::create_with(&backend, 0, true, &opts)?;
     let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, ..opts.clone() })?;
     let gpu_host = civetta::backend::create_with(&backend, 0, true, &GpuOptions { moe_device_routing: false, ..opts.clone() })?;
-    // One name, one backend type: the trio is matched once and the check runs monomorphised.
+    let gpu_copies = civetta::backend::create_with(&backend, 0, true, &GpuOptions { q4k_f16_copies: true, ..opts.clone() })?;
+    // One name, one backend type: the four are matched once and the check runs monomorphised.
     #[allow(unreachable_patterns)]
-    let failures = match (gpu, gpu_eager, gpu_host) {
-        (LoadedBackend::Cpu(g), LoadedBackend::Cpu(e), LoadedBackend::Cpu(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
+    let failures = match (gpu, gpu_eager, gpu_host, gpu_copies) {
+        (LoadedBackend::Cpu(g), LoadedBackend::Cpu(e), LoadedBackend::Cpu(h), LoadedBackend::Cpu(c)) => {
+            check_all(&cpu, [&g, &e, &h, &c], &archs, &quants, &size)?
+        }
         #[cfg(feature = "cuda")]
-        (LoadedBackend::Cuda(g), LoadedBackend::Cuda(e), LoadedBackend::Cuda(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
+        (LoadedBackend::Cuda(g), LoadedBackend::Cuda(e), LoadedBackend::Cuda(h), LoadedBackend::Cuda(c)) => {
+            check_all(&cpu, [&g, &e, &h, &c], &archs, &quants, &size)?
+        }
         #[cfg(feature = "hip")]
-        (LoadedBackend::Hip(g), LoadedBackend::Hip(e), LoadedBackend::Hip(h)) => check_all(&cpu, [&g, &e, &h], &archs, &quants, &size)?,
+        (LoadedBackend::Hip(g), LoadedBackend::Hip(e), LoadedBackend::Hip(h), LoadedBackend::Hip(c)) => {
+            check_all(&cpu, [&g, &e, &h, &c], &archs, &quants, &size)?
+        }
         _ => unreachable!("one backend name made two backends of different types"),
     };
     if failures > 0 {
@@ -303,11 +317,12 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every arch x quant model on `gpu` (and `gpu_eager`, and for MoE models `gpu_host`, which
-/// routes on the host) against the CPU backend; returns the count of models outside tolerance.
+/// Every arch x quant model on `gpu` (and `gpu_eager`, for MoE models `gpu_host`, which
+/// routes on the host, and for Q4_K models `gpu_copies`, which keeps f16 copies) against the
+/// CPU backend; returns the count of models outside tolerance.
 fn check_all<G: Backend>(
     cpu: &Arc<CpuBackend>,
-    [gpu, gpu_eager, gpu_host]: [&Arc<G>; 3],
+    [gpu, gpu_eager, gpu_host, gpu_copies]: [&Arc<G>; 4],
     archs: &str,
     quants: &str,
     size: &str,
@@ -382,9 +397,27 @@ fn check_all<G: Backend>(
             let eager = decode_logits(&m_eager, &prompt[..8], &tc)?;
             let same = graphed.iter().zip(&eager).filter(|(a, b)| a.iter().map(|v| v.to_bits()).eq(b.iter().map(|v| v.to_bits()))).count();
             let graphs_ok = same == eager.len();
-            let routing_dev_ok =
-                if routing.is_some() { device_vs_host_routing(&m_gpu, gpu_host, file, &prompt[..8], &tc, t, arch, q)? } else { true };
-            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok && routing_dev_ok;
+            let routing_dev_ok = if routing.is_some() {
+                device_vs_host_routing(&m_gpu, gpu_host, file.clone(), &prompt[..8], &tc, t, arch, q)?
+            } else {
+                true
+            };
+            // The raw-block Q4_K GEMM against the f16 copies' GEMM: the same operands, so the same bits.
+            let raw_ok = if t == GgmlType::Q4_K {
+                let m_copies = Model::load(file, gpu_copies.clone())?;
+                let raw = civetta::model::all_logits(&m_gpu, &prompt)?;
+                let copies = civetta::model::all_logits(&m_copies, &prompt)?;
+                let equal = raw
+                    .chunks(v)
+                    .zip(copies.chunks(v))
+                    .filter(|(a, b)| a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits())))
+                    .count();
+                println!("raw Q4_K vs f16 copies {arch} {q}: {equal}/{} prefill logits rows equal bit for bit", prompt.len());
+                equal == prompt.len()
+            } else {
+                true
+            };
+            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok && routing_dev_ok && raw_ok;
             failures += usize::from(!ok);
             println!(
                 "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch_text} | {same}/{} equal | {} |",

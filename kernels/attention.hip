@@ -26,6 +26,9 @@
 // civetta_attn_decode_batch_d{64,128,256}: batched decode (issue #17), one launch for T sequences
 //   of one row each: row t (q and out rows t) attends over its own cache kv[2t] (k), kv[2t + 1]
 //   (v) with S = pos[t] + 1. Grid: (Hq, T); block: 128 threads.
+// sinks (gpt-oss's attn_sinks; null for other models): one logit per query head that joins the
+// softmax's denominator as a key with a zero value would (llama.cpp's soft_max sinks): the running
+// maximum starts at it instead of -inf and exp(sink - max) is added to the sum at the end.
 #include "civetta_gpu.h"
 
 namespace {
@@ -40,7 +43,7 @@ template <int D> constexpr int prefill_threads() { return kQueriesPerGroup * pre
 
 template <int D>
 CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
-                            int S, int Hq, int Hkv, int q_pos0, float scale, int window) {
+                            int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks) {
   constexpr int kTpq = prefill_tpq<D>(), kGroupThreads = prefill_threads<D>();
   constexpr int kDims = D / kTpq; // dims per thread
   __shared__ __attribute__((aligned(16))) cv_half k_tile[kKeysPerTile * D];
@@ -58,7 +61,8 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
     qv[i] = active ? q[((long)t * Hq + head) * D + d0 + i] * scale : 0.0f;
     acc[i] = 0.0f;
   }
-  float m = -__builtin_inff(), l = 0.0f;
+  const float sink = sinks ? sinks[head] : -__builtin_inff();
+  float m = sink, l = 0.0f;
 
   const int last_t = (t0 + kQueriesPerGroup < T ? t0 + kQueriesPerGroup : T) - 1;
   const int key_end = q_pos0 + last_t + 1 < S ? q_pos0 + last_t + 1 : S; // causal bound of the group
@@ -104,6 +108,7 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
     cv_sync();
   }
 
+  if (sinks) l += cv_exp(sink - m);
   if (active) {
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     CV_UNROLL for (int i = 0; i < kDims; ++i) out[((long)t * Hq + head) * D + d0 + i] = acc[i] * inv;
@@ -114,7 +119,7 @@ constexpr int kMmaQueries = 64, kMmaWaves = 4, kMmaKeys = 32, kMmaThreads = kMma
 
 template <int D>
 CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
-                                int S, int Hq, int Hkv, int q_pos0, float scale, int window) {
+                                int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks) {
   constexpr int kQs = D + 8;        // q and k tile row stride (halves): fragment reads conflict-free
   constexpr int kVs = kMmaKeys + 8; // V^T and P tile row stride (halves)
   constexpr int kDt = D / 16;       // 16-wide tiles of the head dimension
@@ -141,7 +146,8 @@ CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv
   // Per accumulator element: the running max of its row, this lane's part of the row's sum.
   float m[8], l[8];
   cv_v8f o[kDt];
-  CV_UNROLL for (int e = 0; e < 8; ++e) { m[e] = neg_inf; l[e] = 0.0f; }
+  const float sink = sinks ? sinks[head] : neg_inf;
+  CV_UNROLL for (int e = 0; e < 8; ++e) { m[e] = sink; l[e] = 0.0f; }
   CV_UNROLL for (int dt = 0; dt < kDt; ++dt) o[dt] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
 
   const int last_t = (t0 + kMmaQueries < T ? t0 + kMmaQueries : T) - 1;
@@ -211,6 +217,7 @@ CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv
     CV_UNROLL for (int f = 0; f < 8; ++f)
       if (cv_acc_same_row(e, f)) sum += l[f];
     sum = cv_group_sum(sum, CV_ACC_ROW_LANES);
+    if (sinks) sum += cv_exp(sink - m[e]);
     inv[e] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
   CV_UNROLL for (int dt = 0; dt < kDt; ++dt)
@@ -222,7 +229,7 @@ CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv
 
 template <int D>
 CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq,
-                           int Hkv, float scale) {
+                           int Hkv, float scale, const float* sinks) {
   constexpr int kWaves = kThreads / CV_WAVE;
   constexpr int kDims = D / CV_WAVE; // dims per lane
   __shared__ float wave_acc[kWaves][D];
@@ -237,7 +244,8 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
     qv[i] = q[(long)head * D + d0 + i] * scale;
     acc[i] = 0.0f;
   }
-  float m = -__builtin_inff(), l = 0.0f;
+  const float sink = sinks ? sinks[head] : -__builtin_inff();
+  float m = sink, l = 0.0f;
   // kKeys keys per wave and step, their K and V rows loaded before any is used: a decode step
   // is a chain of dependent cache reads, and kKeys of them in flight shorten it kKeys times.
   constexpr int kKeys = D <= 128 ? 4 : 2;
@@ -260,7 +268,7 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
       s[j] = key0 + j * kWaves < S ? dot : -__builtin_inff();
       m_new = __builtin_fmaxf(m_new, s[j]);
     }
-    const float correction = cv_exp(m - m_new); // key0 < S: m_new is finite
+    const float correction = cv_exp(m - m_new); // key0 < S: m_new is finite (m is -inf or the sink)
     l *= correction;
     CV_UNROLL for (int i = 0; i < kDims; ++i) acc[i] *= correction;
     CV_UNROLL for (int j = 0; j < kKeys; ++j) {
@@ -284,6 +292,7 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
     weight[w] = wave_m[w] == -__builtin_inff() ? 0.0f : cv_exp(wave_m[w] - m_all); // waves without keys
     l_all += wave_l[w] * weight[w];
   }
+  if (sinks) l_all += cv_exp(sink - m_all);
   const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
   for (int d = (int)cv_tid_x(); d < D; d += kThreads) {
     float o = 0.0f;
@@ -297,24 +306,25 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
 #define CIVETTA_ATTN(D)                                                                                          \
   CV_KERNEL CV_LAUNCH_BOUNDS(prefill_threads<D>()) void civetta_attn_prefill_d##D(                               \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
-      int q_pos0, float scale, int window) {                                                                     \
-    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window);                             \
+      int q_pos0, float scale, int window, const float* sinks) {                                                 \
+    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks);                      \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
-      float scale) {                                                                                             \
-    attn_decode<D>(q, k_cache, v_cache, out, S, Hq, Hkv, scale);                                                 \
+      float scale, const float* sinks) {                                                                         \
+    attn_decode<D>(q, k_cache, v_cache, out, S, Hq, Hkv, scale, sinks);                                          \
   }                                                                                                              \
   /* The same with S = pos[0] + 1 read on the device: decode graphs replay it unchanged. */                     \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_pos_d##D(                                        \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv, \
-      float scale) {                                                                                             \
-    attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale);                                        \
+      float scale, const float* sinks) {                                                                         \
+    attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale, sinks);                                 \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_batch_d##D(                                      \
       const float* q, const cv_half* const* kv, float* out, const int* pos, int Hq, int Hkv, float scale) {     \
     const long t = cv_bid_y();                                                                                   \
-    attn_decode<D>(q + t * Hq * D, kv[2 * t], kv[2 * t + 1], out + t * Hq * D, pos[t] + 1, Hq, Hkv, scale);      \
+    attn_decode<D>(q + t * Hq * D, kv[2 * t], kv[2 * t + 1], out + t * Hq * D, pos[t] + 1, Hq, Hkv, scale,       \
+                   nullptr);                                                                                     \
   }
 
 CIVETTA_ATTN(64)
@@ -324,8 +334,8 @@ CIVETTA_ATTN(256) // Gemma 3
 #define CIVETTA_ATTN_MMA(D)                                                                                      \
   CV_KERNEL CV_LAUNCH_BOUNDS(kMmaThreads) void civetta_attn_prefill_mma_d##D(                                    \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
-      int q_pos0, float scale, int window) {                                                                     \
-    attn_prefill_mma<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window);                         \
+      int q_pos0, float scale, int window, const float* sinks) {                                                 \
+    attn_prefill_mma<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks);                  \
   }
 
 CIVETTA_ATTN_MMA(64)

@@ -6,8 +6,15 @@
 // A: f16 [M][K], B: f16 [N][K], C: f32 [M][N]. K must be a multiple of 32 and A, B
 // 16-byte aligned; M and N are arbitrary.
 // Grid: (ceil(N/BN), ceil(M/BM)); block: (BM/WM)*(BN/WN)*32 threads.
+//
+// civetta_gemm_q4k_*: B as the raw Q4_K blocks (N rows of K/256 blocks of 144 bytes; K a multiple
+// of 256), dequantised to f16 while a K stage moves into shared memory: each value as the host's
+// f16 copy holds it (f16(f32(d * sc) * q - f32(dmin * mn)), no fused multiply-add), so the matrix
+// steps see the same operands and the result is the f16-copy GEMM's, bit for bit, without the copy
+// (half the memory of a Q4_K matrix plus its copy).
 #include "civetta_gpu.h"
 #include "gemm_stage.h"
+#include "q4k.h"
 
 #ifndef CIVETTA_SCHED_BARRIER
 #define CIVETTA_SCHED_BARRIER 0
@@ -76,8 +83,67 @@ CV_DEVICE void gemm_f16(const cv_half* A, const cv_half* B, float* C, int M, int
 // stage's global loads issued into registers before this stage's matrix steps and written to
 // shared memory after them (gemm_stage.h), so their latency hides behind the arithmetic.
 // Rows m0 .. m0 + BM of A (those below M) against columns bid_x * BN .. of B.
-template <int BM, int BN, int WM, int WN, int BK>
-CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int M, int N, int K, int m0) {
+// One K stage of rows [row0, row0 + ROWS) of a raw Q4_K matrix: a 64-wide stage is one pair of
+// 32-value sub-blocks (2c, 2c + 1) of one super-block, whose nibbles are the low and high halves of
+// the block's bytes qs[32c .. 32c + 32). Each item is (row, half h): the block header and
+// qs[32c + 16h .. + 16) in registers (fetch), 16 values of each sub-block as f16 in LDS (store).
+template <int ROWS, int BK, int THREADS>
+struct StageQ4K {
+  static_assert(BK == 64, "a Q4_K stage is one pair of sub-blocks");
+  static constexpr int kItems = ROWS * 2 / THREADS;
+  static_assert(ROWS * 2 % THREADS == 0, "stage splits evenly over the threads");
+  cv_v4i head[kItems], qs[kItems];
+  int pair = 0;
+
+  __device__ __attribute__((always_inline)) void fetch(const unsigned char* src, int row0, int rows, int K, int k0) {
+    const int tid = (int)cv_tid_x();
+    pair = (k0 % 256) / 64;
+    CV_UNROLL for (int i = 0; i < kItems; ++i) {
+      const int c = tid + i * THREADS, r = c / 2, h = c % 2;
+      head[i] = qs[i] = (cv_v4i){0, 0, 0, 0};
+      if (row0 + r < rows) {
+        const unsigned char* blk = src + ((long)(row0 + r) * (K / 256) + k0 / 256) * 144;
+        head[i] = *(const cv_v4i*)blk;
+        qs[i] = *(const cv_v4i*)(blk + 16 + 32 * pair + 16 * h);
+      }
+    }
+  }
+  __device__ __attribute__((always_inline)) void store(cv_half* tile, int stride) const {
+    const int tid = (int)cv_tid_x();
+    CV_UNROLL for (int i = 0; i < kItems; ++i) {
+      const int c = tid + i * THREADS, r = c / 2, h = c % 2;
+      const float d = (float)__builtin_bit_cast(cv_half, (cv_u16)(head[i].x & 0xFFFF));
+      const float dmin = (float)__builtin_bit_cast(cv_half, (cv_u16)((cv_u32)head[i].x >> 16));
+      float sc_lo, mn_lo, sc_hi, mn_hi;
+      q4k_scale_min(head[i], 2 * pair, &sc_lo, &mn_lo);
+      q4k_scale_min(head[i], 2 * pair + 1, &sc_hi, &mn_hi);
+      const float d_lo = d * sc_lo, m_lo = dmin * mn_lo, d_hi = d * sc_hi, m_hi = dmin * mn_hi;
+      const unsigned char* q = (const unsigned char*)&qs[i];
+      cv_half lo[16], hi[16];
+      CV_UNROLL for (int l = 0; l < 16; ++l) {
+        lo[l] = (cv_half)(cv_mul_nofma(d_lo, (float)(q[l] & 0xF)) - m_lo);
+        hi[l] = (cv_half)(cv_mul_nofma(d_hi, (float)(q[l] >> 4)) - m_hi);
+      }
+      cv_half* row = tile + r * stride + 16 * h;
+      *(cv_v4i*)row = *(const cv_v4i*)lo;
+      *(cv_v4i*)(row + 8) = *(const cv_v4i*)(lo + 8);
+      *(cv_v4i*)(row + 32) = *(const cv_v4i*)hi;
+      *(cv_v4i*)(row + 40) = *(const cv_v4i*)(hi + 8);
+    }
+  }
+};
+
+// B's stage in registers: f16 rows, or raw Q4_K blocks dequantised on the way to LDS.
+template <typename TB, int BN, int BK, int THREADS> struct StageB;
+template <int BN, int BK, int THREADS> struct StageB<cv_half, BN, BK, THREADS> {
+  using type = StageRows<cv_half, BN, BK, THREADS>;
+};
+template <int BN, int BK, int THREADS> struct StageB<unsigned char, BN, BK, THREADS> {
+  using type = StageQ4K<BN, BK, THREADS>;
+};
+
+template <int BM, int BN, int WM, int WN, int BK, typename TB = cv_half>
+CV_DEVICE void gemm_f16_staged(const cv_half* A, const TB* B, float* C, int M, int N, int K, int m0) {
   constexpr int kStride = BK + 8; // halves: 16-byte aligned rows, fragment reads conflict-free
   constexpr int kWavesN = BN / WN;
   constexpr int kThreads = (BM / WM) * kWavesN * CV_WAVE;
@@ -94,7 +160,7 @@ CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int
     CV_UNROLL for (int j = 0; j < TN; ++j) acc[i][j] = (cv_v8f){0, 0, 0, 0, 0, 0, 0, 0};
 
   StageRows<cv_half, BM, BK, kThreads> a_next;
-  StageRows<cv_half, BN, BK, kThreads> b_next;
+  typename StageB<TB, BN, BK, kThreads>::type b_next;
   a_next.fetch(A, m0, M, K, 0);
   b_next.fetch(B, n0, N, K, 0);
   for (int k0 = 0; k0 < K; k0 += BK) {
@@ -138,6 +204,15 @@ CV_DEVICE void gemm_f16_staged(const cv_half* A, const cv_half* B, float* C, int
 CIVETTA_GEMM_F16(64, 64, 32, 32)   // 4 waves, 2x2 steps each
 CIVETTA_GEMM_F16(128, 128, 64, 32) // 8 waves, 4x2 steps each
 
+#define CIVETTA_GEMM_Q4K(BM, BN, WM, WN)                                                          \
+  CV_KERNEL CV_LAUNCH_BOUNDS((BM / WM) * (BN / WN) * CV_WAVE) void civetta_gemm_q4k_##BM##x##BN( \
+      const cv_half* A, const unsigned char* B, float* C, int M, int N, int K) {                  \
+    gemm_f16_staged<BM, BN, WM, WN, 64>(A, B, C, M, N, K, (int)cv_bid_y() * BM);                  \
+  }
+
+CIVETTA_GEMM_Q4K(64, 64, 32, 32)
+CIVETTA_GEMM_Q4K(128, 128, 64, 32)
+
 // Grouped form for mixture-of-experts prefill (issue #15; src/backend/gpu/moe.rs): A holds the
 // routed (token, slot) rows sorted by expert, each expert's rows one segment; B[e] is expert e's
 // f16 weight copy. Each grid row y is one BM-row tile of one segment: tiles[3y .. 3y + 2] =
@@ -145,6 +220,13 @@ CIVETTA_GEMM_F16(128, 128, 64, 32) // 8 waves, 4x2 steps each
 // as civetta_gemm_f16_64x64. Grid: (ceil(N/64), tiles); block: 128 threads.
 CV_KERNEL CV_LAUNCH_BOUNDS(128) void civetta_moe_gemm_f16_64x64(const cv_half* A, const cv_half* const* B, float* C,
                                                                 const int* tiles, int N, int K) {
+  const int* t = tiles + 3 * (int)cv_bid_y();
+  gemm_f16_staged<64, 64, 32, 32, 64>(A, B[t[0]], C, t[2], N, K, t[1]);
+}
+
+// The same over raw Q4_K expert blocks (B[e]: expert e's blocks), as civetta_gemm_q4k_64x64.
+CV_KERNEL CV_LAUNCH_BOUNDS(128) void civetta_moe_gemm_q4k_64x64(const cv_half* A, const unsigned char* const* B,
+                                                                float* C, const int* tiles, int N, int K) {
   const int* t = tiles + 3 * (int)cv_bid_y();
   gemm_f16_staged<64, 64, 32, 32, 64>(A, B[t[0]], C, t[2], N, K, t[1]);
 }

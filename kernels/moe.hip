@@ -65,7 +65,8 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_moe_scale_rows(float* x, const floa
 // selected logits), renormalised to sum 1 when `norm` (the sum clamped to f16's smallest
 // normal), times `scale` unless it is 0 or 1. Writes ids[t * k + s], weights[t * k + s], and
 // the ids again to ids_log when it is not null (the host reads those after the step for the
-// expert-load metric). The host sums in f64 and uses the exact exp; here exp is the fast one
+// expert-load metric). `bias` (gpt-oss's ffn_gate_inp.bias; null for none) is added to each
+// logit first, as the host does before `route`. The host sums in f64 and uses the exact exp; here exp is the fast one
 // and sums are f32 wave sums, so weights match the host's to a few ulp and the choice is the
 // same except on ties closer than that.
 // One wave per token: lane l holds experts l, l + 32, ...; n <= 32 * kTopkPerLane, k <= 32.
@@ -77,7 +78,8 @@ CV_DEVICE int shfl_xor_int(int v, unsigned mask) { return __builtin_bit_cast(int
 } // namespace
 
 CV_KERNEL CV_LAUNCH_BOUNDS(CV_WAVE) void civetta_moe_topk(const float* logits, int* ids, float* weights, int* ids_log,
-                                                          int n, int k, int gating, int norm, float scale) {
+                                                          int n, int k, int gating, int norm, float scale,
+                                                          const float* bias) {
   const int t = (int)cv_bid_x(), lane = (int)cv_lane();
   const float* row = logits + (long)t * n;
   const float kNegInf = -__builtin_inff();
@@ -85,7 +87,7 @@ CV_KERNEL CV_LAUNCH_BOUNDS(CV_WAVE) void civetta_moe_topk(const float* logits, i
   float mx = kNegInf;
   CV_UNROLL for (int j = 0; j < kTopkPerLane; ++j) {
     const int e = lane + CV_WAVE * j;
-    p[j] = e < n ? row[e] : kNegInf;
+    p[j] = e < n ? (bias ? row[e] + bias[e] : row[e]) : kNegInf;
     mx = __builtin_fmaxf(mx, p[j]);
   }
   if (gating == 0) {

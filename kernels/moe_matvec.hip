@@ -13,7 +13,9 @@
 // Up to two matrices with the same input in one launch (gate and up: rows 0..N0 are W0's,
 // then N1 of W1); the input row of slot i is x[i / k] (gate/up: one input per token) or x[i]
 // (x_per_slot: the down projection's SwiGLU output per slot).
-// Weights: civetta_moe_matvec_q8p_g*: int8 and f16 scale planes (Q8_0, Q5_0);
+// B0 / B1 (gpt-oss's expert biases; null for none): tables of each expert's f32 bias row, added
+// to the output as the host path's add_bias does.
+// Weights: civetta_moe_matvec_q8p_g*: int8 and f16 scale planes (Q8_0, Q5_0, MXFP4);
 //          civetta_moe_matvec_q4k_g*: raw Q4_K blocks (S tables unused).
 // Grid: (ceil((N0 + N1) / (128 / G)), tokens * k); block: 128 threads.
 // Names: civetta_moe_matvec_{q8p,q4k}_g{32,64,128}.
@@ -30,10 +32,12 @@ constexpr int kThreads = 128;
 struct IdArgs {
   const cv_u8* const* W0;
   const cv_u8* const* S0;
+  const float* const* B0;
   float* y0;
   int N0;
   const cv_u8* const* W1;
   const cv_u8* const* S1;
+  const float* const* B1;
   float* y1;
   int N1;
   const int* ids;
@@ -54,6 +58,7 @@ CV_DEVICE void moe_matvec(const IdArgs& a) {
   // Values, not a select between two field addresses (see matvec_dp4a.hip's pick()).
   const cv_u8* const* Wt = m == 0 ? a.W0 : a.W1;
   const cv_u8* const* St = m == 0 ? a.S0 : a.S1;
+  const float* const* Bt = m == 0 ? a.B0 : a.B1;
   const bool valid = m < 2;
   const cv_u8* W = valid ? Wt[e] : nullptr;
   const cv_u8* S = valid && St ? St[e] : nullptr;
@@ -90,17 +95,17 @@ CV_DEVICE void moe_matvec(const IdArgs& a) {
       sum = s;
     }
   }
-  if (t == 0 && valid) y[(long)slot * N + row] = sum;
+  if (t == 0 && valid) y[(long)slot * N + row] = Bt ? sum + Bt[e][row] : sum;
 }
 
 } // namespace
 
 #define CIVETTA_MOE_MATVEC(Q, T, G)                                                                                    \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_moe_matvec_##T##_g##G(                                             \
-      const cv_u8* const* W0, const cv_u8* const* S0, float* y0, int N0, const cv_u8* const* W1,                       \
-      const cv_u8* const* S1, float* y1, int N1, const int* ids, const cv_i8* xq, const float* xds, int K, int k,      \
-      int x_per_slot) {                                                                                                \
-    moe_matvec<Q, G, 4>(IdArgs{W0, S0, y0, N0, W1, S1, y1, N1, ids, xq, xds, K, k, x_per_slot});                      \
+      const cv_u8* const* W0, const cv_u8* const* S0, const float* const* B0, float* y0, int N0,                       \
+      const cv_u8* const* W1, const cv_u8* const* S1, const float* const* B1, float* y1, int N1, const int* ids,       \
+      const cv_i8* xq, const float* xds, int K, int k, int x_per_slot) {                                               \
+    moe_matvec<Q, G, 4>(IdArgs{W0, S0, B0, y0, N0, W1, S1, B1, y1, N1, ids, xq, xds, K, k, x_per_slot});              \
   }
 
 CIVETTA_MOE_MATVEC(Q8Planes, q8p, 32)

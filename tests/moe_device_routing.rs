@@ -5,10 +5,12 @@
 //! backend's host-routed logits bit for bit, decode and batched decode, and count the same expert
 //! selections, so the pass-level bookkeeping (which passes route on the device, where each layer's
 //! ids go, the buffer swaps, qwen2moe's shared expert after it) is checked without a GPU.
+//! gpt-oss adds the router bias, per-expert bias rows (`Backend::expert_biases`), softmax over
+//! the selected logits and `swiglu_oai`, which the emulation applies as the GPU kernels do.
 
 use civetta::backend::{AttentionShape, Backend, KvBlocks, RopeScaling, RopeStyle, RoutedExperts, WeightOf};
 use civetta::gguf::{GgmlType, GgufFile};
-use civetta::model::{moe, HParams, Logits, Model, SeqRows};
+use civetta::model::{moe, ExpertAct, HParams, Logits, Model, SeqRows};
 use civetta::synth::{synth_model, SynthSpec};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,9 +21,10 @@ struct Emulated<B: Backend> {
     routed_calls: AtomicUsize,
 }
 
-/// One layer's experts: gate, up, down views per expert.
+/// One layer's experts: gate, up, down views per expert, and their bias rows (gpt-oss).
 struct HostTable<B: Backend> {
     experts: Vec<[WeightOf<B>; 3]>,
+    biases: Option<Vec<[WeightOf<B>; 3]>>,
 }
 
 impl<B: Backend> Backend for Emulated<B> {
@@ -193,6 +196,9 @@ impl<B: Backend> Backend for Emulated<B> {
     ) -> civetta::backend::Result<()> {
         self.inner.attention_with_sinks(q, k_cache, v_cache, blocks, s, sinks, out)
     }
+    fn swiglu_oai(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
+        self.inner.swiglu_oai(gate, up, n)
+    }
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
         self.inner.silu_mul(gate, up, n)
     }
@@ -247,7 +253,19 @@ impl<B: Backend> Backend for Emulated<B> {
         let view = |w: &WeightOf<Self>| self.inner.weight_rows(w, 0, w.rows, &w.name);
         let experts =
             (0..gate.len()).map(|e| Ok([view(gate[e])?, view(up[e])?, view(down[e])?])).collect::<civetta::backend::Result<_>>()?;
-        Ok(Some(HostTable { experts }))
+        Ok(Some(HostTable { experts, biases: None }))
+    }
+    fn expert_biases(
+        &self,
+        table: &mut Self::ExpertTable,
+        gate: &[&WeightOf<Self>],
+        up: &[&WeightOf<Self>],
+        down: &[&WeightOf<Self>],
+    ) -> civetta::backend::Result<bool> {
+        let view = |w: &WeightOf<Self>| self.inner.weight_rows(w, 0, w.rows, &w.name);
+        let rows = (0..gate.len()).map(|e| Ok([view(gate[e])?, view(up[e])?, view(down[e])?])).collect::<civetta::backend::Result<_>>()?;
+        table.biases = Some(rows);
+        Ok(true)
     }
     fn routed_experts(&self, r: RoutedExperts<'_, Self>) -> civetta::backend::Result<()> {
         self.routed_calls.fetch_add(1, Ordering::SeqCst);
@@ -255,6 +273,9 @@ impl<B: Backend> Backend for Emulated<B> {
         let k = p.n_expert_used;
         let mut logits = vec![0f32; n * p.n_expert];
         self.inner.read(r.logits, 0, &mut logits)?;
+        if let Some(b) = r.router_bias {
+            logits.chunks_exact_mut(p.n_expert).for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+        }
         let routing = moe::route(&logits, p);
         // As the GPU kernels leave them: ids (as i32 bits) then weights, and the ids logged.
         let ids: Vec<f32> = routing.experts.iter().map(|&e| f32::from_bits(e)).collect();
@@ -269,10 +290,21 @@ impl<B: Backend> Backend for Emulated<B> {
         for (i, &e) in routing.experts.iter().enumerate() {
             let [wg, wu, wd] = &r.table.experts[e as usize];
             self.inner.copy_row(r.x, i / k, d, &mut xe)?;
+            let bias = r.table.biases.as_ref().map(|b| &b[e as usize]);
             self.inner.matmul(wg, &xe, 1, &mut g)?;
             self.inner.matmul(wu, &xe, 1, &mut u)?;
-            self.inner.silu_mul(&mut g, &u, ff)?;
+            if let Some([bg, bu, _]) = bias {
+                self.inner.add_bias(&mut g, bg, 1)?;
+                self.inner.add_bias(&mut u, bu, 1)?;
+            }
+            match p.act {
+                ExpertAct::SwiGlu => self.inner.silu_mul(&mut g, &u, ff)?,
+                ExpertAct::SwiGluOai => self.inner.swiglu_oai(&mut g, &u, ff)?,
+            }
             self.inner.matmul(wd, &g, 1, &mut y)?;
+            if let Some([_, _, bd]) = bias {
+                self.inner.add_bias(&mut y, bd, 1)?;
+            }
             self.inner.read(&y, 0, &mut row)?;
             self.inner.write(&mut slots, i * d, &row)?;
         }
@@ -296,7 +328,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn check(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
-    let spec = SynthSpec::preset(arch, GgmlType::Q8_0, "tiny").unwrap();
+    let quant = if arch == "gpt-oss" { GgmlType::MXFP4 } else { GgmlType::Q8_0 };
+    let spec = SynthSpec::preset(arch, quant, "tiny").unwrap();
     synth_model(&spec, &path).unwrap();
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let cpu = civetta::backend::create_cpu(2).unwrap();
@@ -348,4 +381,9 @@ fn qwen3moe_device_routing_matches_host_routing_bit_for_bit_and_counts_the_same_
 #[test]
 fn qwen2moe_device_routing_with_the_shared_expert_matches_host_routing() {
     check("qwen2moe");
+}
+
+#[test]
+fn gpt_oss_device_routing_with_router_and_expert_biases_matches_host_routing() {
+    check("gpt-oss");
 }

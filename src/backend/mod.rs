@@ -112,6 +112,11 @@ impl<'a> KvBlocks<'a> {
         1 << self.shift
     }
 
+    /// Whether this is `CONTIGUOUS` (one block spanning every position).
+    pub fn is_contiguous(&self) -> bool {
+        self.shift == usize::BITS - 1
+    }
+
     /// block_size - 1: a position's offset within its block is `p & mask`.
     pub fn mask(&self) -> usize {
         self.block_size() - 1
@@ -150,6 +155,8 @@ pub struct RoutedExperts<'a, B: Backend + ?Sized> {
     pub params: &'a crate::model::MoeParams,
     /// Router logits, n x n_expert.
     pub logits: &'a B::Buffer,
+    /// Added to each row of the logits before the top-k (gpt-oss's `ffn_gate_inp.bias`).
+    pub router_bias: Option<&'a [f32]>,
     /// The block's input, n x dim.
     pub x: &'a B::Buffer,
     pub n: usize,
@@ -380,7 +387,7 @@ pub trait Backend: Send + Sync + 'static {
     /// `attention` (or `attention_paged` with a block table; `KvBlocks::CONTIGUOUS` for one
     /// contiguous cache) with gpt-oss's attention sinks: query head h's softmax denominator
     /// gains exp(sinks[h] - max), as if one more key scored sinks[h] with a zero value
-    /// (llama.cpp's `attn_sinks`). The default refuses (the GPU backends have no such kernel yet).
+    /// (llama.cpp's `attn_sinks`). The default refuses; the GPU backends take contiguous caches.
     #[allow(clippy::too_many_arguments)]
     fn attention_with_sinks(
         &self,
@@ -397,6 +404,15 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()>;
+    /// gate = gpt-oss's clamped SwiGLU of (gate, up) over n elements (`swiglu_oai_host`). The
+    /// default computes it on the host through `read` and `write`.
+    fn swiglu_oai(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
+        self.read(gate, 0, &mut g)?;
+        self.read(up, 0, &mut u)?;
+        swiglu_oai_host(&mut g, &u);
+        self.write(gate, 0, &g)
+    }
     /// gate = gelu_tanh(gate) * up over n elements, as ggml's CPU geglu computes it
     /// (`quant::simd::geglu::geglu_ggml`; Gemma's FFN). The default goes through host memory.
     fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
@@ -438,6 +454,20 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Option<Self::ExpertTable>> {
         let _ = (gate, up, down);
         Ok(None)
+    }
+    /// Adds per-expert bias rows (gpt-oss's `ffn_{gate,up,down}_exps.bias`: expert e's one-row
+    /// f32 weight at index e) to a table `expert_table` made, for `routed_experts` to add after
+    /// each matrix. False where the backend's routed kernels take no biases (the default; the
+    /// model then routes that layer on the host).
+    fn expert_biases(
+        &self,
+        table: &mut Self::ExpertTable,
+        gate: &[&WeightOf<Self>],
+        up: &[&WeightOf<Self>],
+        down: &[&WeightOf<Self>],
+    ) -> Result<bool> {
+        let _ = (table, gate, up, down);
+        Ok(false)
     }
     /// The routed experts of an MoE block with the routing on the device (see
     /// [`RoutedExperts`]); only called with a table `expert_table` made.
@@ -509,6 +539,18 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// Host implementation of [`Backend::weighted_sum_rows`].
+/// gpt-oss's activation as ggml's CPU `swiglu_oai` computes it (alpha 1.702, limit 7):
+/// x = min(gate, 7), y = clamp(up, -7, 7), gate <- x / (1 + exp(-1.702 x)) * (y + 1).
+pub fn swiglu_oai_host(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+    }
+}
+
 pub fn weighted_sum_rows_host(src: &[f32], weights: &[f32], n: usize, k: usize, dim: usize, out: &mut [f32]) {
     for t in 0..n {
         let o = &mut out[t * dim..(t + 1) * dim];
@@ -576,6 +618,11 @@ pub struct BackendArgs {
     /// `--gpu-moe-device-routing false` downloads the router logits and routes on the host).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_moe_device_routing: Option<bool>,
+    /// GPU: keep an f16 copy of every Q4_K matrix for the prefill GEMM (engine.gpu.q4k_f16_copies,
+    /// default false: the GEMM dequantises the raw blocks while it stages them, same result,
+    /// 0.56 instead of 2.56 bytes per weight).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_q4k_f16_copies: Option<bool>,
 }
 
 impl BackendArgs {
@@ -594,6 +641,7 @@ impl BackendArgs {
             moe: self.gpu_moe.unwrap_or(true),
             matvec_mma: self.gpu_matvec_mma.unwrap_or(true),
             moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
+            q4k_f16_copies: self.gpu_q4k_f16_copies.unwrap_or(false),
         }
     }
 }

@@ -186,13 +186,19 @@ pub fn load<B: Backend>(
     } else {
         None
     };
-    // Device routing covers SwiGLU experts without biases (not gpt-oss).
-    let device_table = if exp_biases.is_none() && m.act == ExpertAct::SwiGlu {
-        let views = |f: fn(&ExpertWeights<B>) -> &WeightOf<B>| experts.iter().map(f).collect::<Vec<_>>();
-        be.expert_table(&views(|e| &e.gate), &views(|e| &e.up), &views(|e| &e.down))?
-    } else {
-        None
-    };
+    // Device routing: where the backend has routed kernels for these experts, and for their
+    // biases if any (gpt-oss).
+    let views = |f: fn(&ExpertWeights<B>) -> &WeightOf<B>| experts.iter().map(f).collect::<Vec<_>>();
+    let mut device_table = be.expert_table(&views(|e| &e.gate), &views(|e| &e.up), &views(|e| &e.down))?;
+    if let (Some(table), true) = (device_table.as_mut(), exp_biases.is_some()) {
+        let bias = |f: fn(&ExpertBiases<B>) -> &WeightOf<B>| experts.iter().map(|e| e.biases.as_ref().map(f)).collect::<Option<Vec<_>>>();
+        let (Some(g), Some(u), Some(d)) = (bias(|b| &b.gate), bias(|b| &b.up), bias(|b| &b.down)) else {
+            bail!("layer {layer}: expert biases missing for some experts");
+        };
+        if !be.expert_biases(table, &g, &u, &d)? {
+            device_table = None;
+        }
+    }
     Ok(MoeWeights { router, router_bias, experts, shared, params: m, load, tap, device_table })
 }
 
@@ -209,17 +215,8 @@ pub(crate) fn host_f32(file: &GgufFile, name: &str, n: usize) -> anyhow::Result<
     Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
 }
 
-/// gpt-oss's activation as ggml's CPU `swiglu_oai` computes it (alpha 1.702, limit 7):
-/// x = min(gate, 7), y = clamp(up, -7, 7), gate <- x / (1 + exp(-1.702 x)) * (y + 1).
-pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
-    const ALPHA: f32 = 1.702;
-    const LIMIT: f32 = 7.0;
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = g.min(LIMIT);
-        let y = u.clamp(-LIMIT, LIMIT);
-        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
-    }
-}
+/// gpt-oss's activation (on the host: `Backend::swiglu_oai` runs it on the backend).
+pub use crate::backend::swiglu_oai_host as swiglu_oai;
 
 /// The experts chosen for each token: `experts[t * k + s]` with weight `weights[t * k + s]`,
 /// slots in descending probability order.
@@ -320,13 +317,14 @@ fn softmax_ggml(x: &[f32], out: &mut [f32]) {
 pub fn ffn<B: Backend>(be: &B, m: &MoeWeights<B>, ws: &mut MoeWorkspace<B>, h: &mut B::Buffer, n: usize, d: usize) -> anyhow::Result<()> {
     let (ne, ff) = (m.params.n_expert, m.params.n_ff_exp);
     be.matmul(&m.router, h, n, &mut ws.router_logits)?;
-    if let Some(table) = m.device_table.as_ref().filter(|_| n <= DEVICE_ROUTING_MAX_ROWS && !m.tap.active() && m.router_bias.is_none()) {
+    if let Some(table) = m.device_table.as_ref().filter(|_| n <= DEVICE_ROUTING_MAX_ROWS && !m.tap.active()) {
         let k = m.params.n_expert_used;
         let MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate, choice, routed_ids, routed_on_device } = ws;
         be.routed_experts(RoutedExperts {
             table,
             params: &m.params,
             logits: router_logits,
+            router_bias: m.router_bias.as_deref(),
             x: h,
             n,
             dim: d,
@@ -410,8 +408,11 @@ fn expert_outputs_and_sum<B: Backend>(
 ) -> anyhow::Result<()> {
     let k = r.k;
     let MoeWorkspace { slots, xe, gate, up, out, shared_gate, .. } = ws;
-    // One grouped launch per matrix over every expert's rows, where the backend has one.
-    if let Some(table) = &m.device_table {
+    // One grouped launch per matrix over every expert's rows, where the backend has one (plain
+    // SwiGLU experts without biases: the grouped kernels have neither gpt-oss's activation nor
+    // its biases).
+    let plain = m.params.act == ExpertAct::SwiGlu && m.experts.iter().all(|e| e.biases.is_none());
+    if let Some(table) = m.device_table.as_ref().filter(|_| plain) {
         if be.grouped_experts(table, &r.experts, &r.weights, k, h, n, d, out)? {
             if let Some(sh) = &m.shared {
                 shared_expert(be, sh, h, n, d, SharedScratch { g: shared_gate, gate, up, y: xe }, out)?;
@@ -442,14 +443,7 @@ fn expert_outputs_and_sum<B: Backend>(
         }
         match m.params.act {
             ExpertAct::SwiGlu => be.silu_mul(gate, up, rows * ff)?,
-            ExpertAct::SwiGluOai => {
-                // On the host: rows * ff floats, small next to the expert matmuls.
-                let (mut g, mut u) = (vec![0f32; rows * ff], vec![0f32; rows * ff]);
-                be.read(gate, 0, &mut g)?;
-                be.read(up, 0, &mut u)?;
-                swiglu_oai(&mut g, &u);
-                be.write(gate, 0, &g)?;
-            }
+            ExpertAct::SwiGluOai => be.swiglu_oai(gate, up, rows * ff)?,
         }
         be.matmul(&ew.down, gate, rows, xe)?;
         if let Some(b) = &ew.biases {

@@ -324,6 +324,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn swiglu_oai(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        self.timed("swiglu_oai", 1, || super::swiglu_oai_host(&mut gate.as_mut_slice()[..n], &up.as_slice()[..n]));
+        Ok(())
+    }
+
     fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
         self.gelu_tanh_mul_cpu(gate, up, n);
         Ok(())

@@ -9,6 +9,8 @@
 //!   f16 scale plane (the W8A8 GEMM of prefill).
 //! - Q5_0: the raw blocks (decode mat-vec) and, like Q8_0, an int8 plane (q - 16, exact) and
 //!   an f16 scale plane for the W8A8 GEMM (`repack.rs`): no f16 copy.
+//! - MXFP4 (gpt-oss experts): only the int8 and f16 scale planes (the doubled E2M1 levels and
+//!   2^(e - 128), exact: `repack.rs`), so the Q8_0 planes' mat-vec and GEMM run it.
 //! - Q4_K, Q6_K, Q5_1: the raw blocks (decode mat-vec) and an f16 copy (the f16 GEMM of prefill).
 //! - every other 2-D type: an f16 copy (f16 GEMM for both).
 //! - 1-D tensors (norms, biases): f32.
@@ -28,7 +30,7 @@ pub mod image_choice;
 mod moe;
 mod repack;
 
-use super::{AttentionShape, Backend, Error, Result, ResultExt, RopeStyle, Weight, WeightOf};
+use super::{AttentionShape, Backend, Error, KvBlocks, Result, ResultExt, RopeScaling, RopeStyle, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
@@ -97,6 +99,13 @@ pub struct GpuOptions {
     /// (`moe.rs`, `Backend::routed_experts`). False keeps the host routing of every pass (the
     /// router logits downloaded, launches per chosen expert). For comparisons and as a way out.
     pub moe_device_routing: bool,
+    /// Q4_K matrices keep an f16 copy for the prefill GEMM (`gemm_f16_*`), as before session 13.
+    /// Off by default: the prefill GEMM reads the raw blocks (`gemm_q4k_*`, kernels/gemm_f16.hip),
+    /// dequantising each K stage to the same f16 values on its way to shared memory, so the
+    /// result is the same bit for bit (gpu_check compares the two) and a Q4_K matrix takes 0.56
+    /// bytes per weight on the device instead of 2.56: what lets a 48-layer Qwen3-30B-A3B-shaped
+    /// Q4_K model (17 GB of blocks, ~60 GB of expert copies) onto an 80 GB card.
+    pub q4k_f16_copies: bool,
 }
 
 impl Default for GpuOptions {
@@ -115,8 +124,18 @@ impl Default for GpuOptions {
             moe: true,
             matvec_mma: true,
             moe_device_routing: true,
+            q4k_f16_copies: false,
         }
     }
+}
+
+/// The gated activation `quantize_q8_1` applies to (x, up) (its `act` argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatedAct {
+    /// silu(x) * up (SwiGLU).
+    Silu = 0,
+    /// gpt-oss's swiglu_oai(x, up).
+    SwiGluOai = 1,
 }
 
 /// The GEMM tile of prefill matmuls (`GpuOptions::gemm_tile`).
@@ -326,9 +345,20 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
         ],
     ),
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
+    ("gpt_oss", &[("swiglu_oai", 256)]),
     ("matvec_q5", &[("matvec_q5_0", 128), ("matvec_q5_1", 128)]),
     ("elementwise", &[("silu_mul", 256), ("add", 256), ("add_bias", 256), ("f32_to_f16", 256)]),
-    ("gemm_f16", &[("gemm_f16_64x64", 128), ("gemm_f16_128x128", 256), ("moe_gemm_f16_64x64", 128)]),
+    (
+        "gemm_f16",
+        &[
+            ("gemm_f16_64x64", 128),
+            ("gemm_f16_128x128", 256),
+            ("moe_gemm_f16_64x64", 128),
+            ("gemm_q4k_64x64", 128),
+            ("gemm_q4k_128x128", 256),
+            ("moe_gemm_q4k_64x64", 128),
+        ],
+    ),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
     ("kv_cache", &[("kv_store_f16", 256), ("kv_store_batch_f16", 256)]),
     (
@@ -471,10 +501,16 @@ enum WeightData {
         qs: DevBuf,
         scales: DevBuf,
     },
-    /// Q4_K, Q6_K, Q5_1: raw blocks + an f16 copy.
+    /// MXFP4: int8 and f16 scale planes only (the layout of `Q8_0`'s planes).
+    Int8Planes {
+        qs: DevBuf,
+        scales: DevBuf,
+    },
+    /// Q4_K, Q6_K, Q5_1: raw blocks + an f16 copy (none for Q4_K unless
+    /// `GpuOptions::q4k_f16_copies`: the `gemm_q4k_*` kernels read the blocks).
     KQuant {
         blocks: DevBuf,
-        f16: DevBuf,
+        f16: Option<DevBuf>,
     },
     F16(DevBuf),
     /// A 3-D expert tensor: nothing on the device; `weight_rows` prepares each expert (moe.rs).
@@ -564,6 +600,8 @@ pub struct GpuBackend<A: GpuApi> {
     registered: Mutex<HashSet<(&'static str, &'static str)>>,
     /// Positions last uploaded (the same for every layer of a step).
     positions: Mutex<Option<Positions>>,
+    /// Attention sinks and router biases on the device, by their f32 bits (`host_vector_on_device`).
+    host_vectors: Mutex<HashMap<Vec<u32>, DevBuf>>,
     /// Capture repeated steps into graphs (`GpuOptions::eager` off).
     use_graphs: bool,
     /// Decode mat-vec kernels (`GpuOptions::matvec`).
@@ -580,6 +618,8 @@ pub struct GpuBackend<A: GpuApi> {
     matvec_mma: bool,
     /// `GpuOptions::moe_device_routing`.
     moe_device_routing: bool,
+    /// `GpuOptions::q4k_f16_copies`.
+    q4k_f16_copies: bool,
     /// `GpuOptions::gemm_tile`.
     gemm_tile: GemmTile,
     /// `GpuOptions::prefill_attention`: the matrix-step kernel where the head size has one.
@@ -698,6 +738,7 @@ impl<A: GpuApi> GpuBackend<A> {
             spare_events: Mutex::new(Vec::new()),
             registered: Mutex::new(HashSet::new()),
             positions: Mutex::new(None),
+            host_vectors: Mutex::new(HashMap::new()),
             use_graphs: !opts.eager,
             matvec_family,
             moe: opts.moe,
@@ -708,6 +749,7 @@ impl<A: GpuApi> GpuBackend<A> {
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
             matvec_mma: opts.matvec_mma,
             moe_device_routing: opts.moe_device_routing,
+            q4k_f16_copies: opts.q4k_f16_copies,
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
@@ -1042,7 +1084,7 @@ impl<A: GpuApi> GpuBackend<A> {
             GemmTile::T128 => true,
         };
         match &gw.layout {
-            WeightData::Q8_0 { qs, scales, .. } => {
+            WeightData::Q8_0 { qs, scales, .. } | WeightData::Int8Planes { qs, scales } => {
                 let xq = self.pooled_alloc(rows * k)?;
                 let xs = self.scratch(rows * k / 32, Elem::F32)?;
                 let nblocks = rows * k / 32;
@@ -1060,7 +1102,18 @@ impl<A: GpuApi> GpuBackend<A> {
                     Args::default().ptr(xq.ptr).ptr(xs.mem.ptr).ptr(qs.ptr).ptr(scales.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
                 )?;
             }
-            WeightData::KQuant { f16, .. } | WeightData::F16(f16) => {
+            WeightData::KQuant { blocks, f16: None } => {
+                // Raw Q4_K blocks: the f16-copy GEMM's result, dequantising while staging.
+                let xh = self.to_f16(x, rows * k)?;
+                let (name, bm, bn) = if big { ("gemm_q4k_128x128", 128, 128) } else { ("gemm_q4k_64x64", 64, 64) };
+                self.launch(
+                    name,
+                    rows,
+                    [n.div_ceil(bn), rows.div_ceil(bm), 1],
+                    Args::default().ptr(xh.mem.ptr).ptr(blocks.ptr).ptr(out.mem.ptr).i32(rows).i32(n).i32(k),
+                )?;
+            }
+            WeightData::KQuant { f16: Some(f16), .. } | WeightData::F16(f16) => {
                 let xh = self.to_f16(x, rows * k)?;
                 let (name, bm, bn) = if big { ("gemm_f16_128x128", 128, 128) } else { ("gemm_f16_64x64", 64, 64) };
                 self.launch(
@@ -1152,10 +1205,178 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
+    /// Attention of `s` over one sequence's contiguous caches (kernels/attention.hip), with
+    /// per-head sinks at `sinks` (0: none).
+    fn attention_dev(
+        &self,
+        q: &GpuBuffer,
+        k_cache: &GpuBuffer,
+        v_cache: &GpuBuffer,
+        s: AttentionShape,
+        sinks: DevicePtr,
+        out: &mut GpuBuffer,
+    ) -> Result<()> {
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        let keys = s.start_pos + s.n_tokens;
+        // This sequence's rows of q and out (f32, n_head * head_dim wide).
+        let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
+        let (q, kc, vc, o) = (q.mem.ptr + row_off, k_cache.mem.ptr, v_cache.mem.ptr, out.mem.ptr + row_off);
+        let (decode, decode_pos, prefill) = match s.head_dim {
+            64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
+            128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
+            256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
+            d => return Err(Error::unsupported(self.be(), format!("attention of head_dim {d}"))),
+        };
+        // Prefill on the matrix step: 64 queries per workgroup (kernels/attention.hip).
+        let prefill_mma = match s.head_dim {
+            64 if self.prefill_attention_mma => Some("attn_prefill_mma_d64"),
+            128 if self.prefill_attention_mma => Some("attn_prefill_mma_d128"),
+            _ => None,
+        };
+        // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
+        // captured decode graph) is the same at every step. A windowed layer's key range
+        // moves with the position: it is passed from the host (a new graph per step there).
+        let pos = match (decode_pos, s.window) {
+            (Some(_), None) if s.n_tokens == 1 => self.positions_at(s.first_row, s.start_pos, 1),
+            _ => None,
+        };
+        if let (Some(pos), Some(decode_pos)) = (pos, decode_pos) {
+            self.launch(
+                decode_pos,
+                1,
+                [s.n_head, 1, 1],
+                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale).ptr(sinks),
+            )
+        } else if s.n_tokens == 1 {
+            // A sliding window on decode: the query sees the last `window` keys, so the kernel
+            // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
+            let first_key = s.window.map_or(0, |w| keys.saturating_sub(w));
+            let key_off = (first_key * s.n_head_kv * s.head_dim * 2) as u64;
+            self.launch(
+                decode,
+                1,
+                [s.n_head, 1, 1],
+                Args::default()
+                    .ptr(q)
+                    .ptr(kc + key_off)
+                    .ptr(vc + key_off)
+                    .ptr(o)
+                    .i32(keys - first_key)
+                    .i32(s.n_head)
+                    .i32(s.n_head_kv)
+                    .f32(scale)
+                    .ptr(sinks),
+            )
+        } else {
+            let (prefill, queries_per_group) = prefill_mma.map_or((prefill, 32), |k| (k, 64));
+            self.launch(
+                prefill,
+                s.n_tokens,
+                [s.n_tokens.div_ceil(queries_per_group), s.n_head, 1],
+                Args::default()
+                    .ptr(q)
+                    .ptr(kc)
+                    .ptr(vc)
+                    .ptr(o)
+                    .i32(s.n_tokens)
+                    .i32(keys)
+                    .i32(s.n_head)
+                    .i32(s.n_head_kv)
+                    .i32(s.start_pos)
+                    .f32(scale)
+                    .i32(s.window.unwrap_or(0))
+                    .ptr(sinks),
+            )
+        }
+    }
+
+    /// A device copy of a small per-layer host vector (attention sinks, a router bias), uploaded
+    /// on first use and kept by its contents: a model's layers pass the same vectors at every step.
+    pub(super) fn host_vector_on_device(&self, v: &[f32]) -> Result<DevicePtr> {
+        let key: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
+        if let Some(buf) = self.host_vectors.lock().get(&key) {
+            return Ok(buf.ptr);
+        }
+        let buf = self.upload_new(bytemuck_f32(v))?;
+        let ptr = buf.ptr;
+        self.host_vectors.lock().insert(key, buf);
+        Ok(ptr)
+    }
+
+    /// RoPE (plain, linear or YaRN scaling: kernels/rope.hip) of `n_heads` heads in each row,
+    /// the positions uploaded once per distinct list (decode graphs read them at a fixed address).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_dev(
+        &self,
+        x: &mut GpuBuffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: RopeScaling,
+    ) -> Result<()> {
+        let mut cached = self.positions.lock();
+        if cached.as_ref().is_none_or(|p| p.values.as_slice() != positions) {
+            // Recorded launches that read the old positions (or the old buffer) go first.
+            let grow = cached.as_ref().is_none_or(|p| p.capacity < positions.len());
+            if grow || self.tape.lock().reads_positions {
+                self.flush()?;
+            }
+            let upload = |cached: &mut Option<Positions>| -> Result<()> {
+                if grow {
+                    let capacity = positions.len().max(64).next_power_of_two();
+                    *cached = None; // the old buffer is freed before the new one is made
+                    *cached = Some(Positions { values: Vec::new(), buf: self.raw_alloc(capacity * 4)?, capacity });
+                }
+                let p = cached.as_mut().expect("positions buffer");
+                let bytes: Vec<u8> = positions.iter().flat_map(|p| (*p as i32).to_le_bytes()).collect();
+                self.api.upload(p.buf.ptr, &bytes)?;
+                p.values = positions.to_vec();
+                Ok(())
+            };
+            if let Err(e) = upload(&mut cached) {
+                *cached = None;
+                return Err(e);
+            }
+        }
+        let pos = cached.as_ref().map(|p| p.buf.ptr).unwrap_or(0);
+        drop(cached);
+        // cos and sin times attn_factor, and with YaRN 1 + 0.1 ln(1 / freq_scale) (the CPU's order).
+        let mut magnitude = scaling.attn_factor;
+        if scaling.ext_factor != 0.0 {
+            magnitude *= 1.0 + 0.1 * (1.0 / scaling.freq_scale).ln();
+        }
+        let name = if style == RopeStyle::Neox { "rope_neox" } else { "rope_norm" };
+        let pairs = n_heads * head_dim / 2;
+        self.launch(
+            name,
+            positions.len(),
+            [pairs.div_ceil(256), positions.len(), 1],
+            Args::default()
+                .ptr(x.mem.ptr)
+                .ptr(pos)
+                .i32(n_heads)
+                .i32(head_dim)
+                .i32(head_dim)
+                .f32(freq_base)
+                .f32(scaling.freq_scale)
+                .f32(scaling.ext_factor)
+                .f32(magnitude)
+                .f32(scaling.corr_dims[0])
+                .f32(scaling.corr_dims[1]),
+        )
+    }
+
     /// `len` values at `x` (or silu(x) * up when `up` != 0) as q8_1 blocks for the dp4a
     /// kernels: the int8 values and (d, s) per block of 32, by one `quantize_q8_1` launch
     /// (`rows` labels its metrics).
     fn quantize_q8_1(&self, x: DevicePtr, up: DevicePtr, rows: usize, len: usize) -> Result<(DevBuf, GpuBuffer)> {
+        self.quantize_q8_1_act(x, up, GatedAct::Silu, rows, len)
+    }
+
+    /// `quantize_q8_1` with the gated activation of (x, up) chosen.
+    fn quantize_q8_1_act(&self, x: DevicePtr, up: DevicePtr, act: GatedAct, rows: usize, len: usize) -> Result<(DevBuf, GpuBuffer)> {
         let xq = self.pooled_alloc(len)?;
         let xds = self.scratch(len / 16, Elem::F32)?;
         let blocks = len / 32;
@@ -1163,7 +1384,7 @@ impl<A: GpuApi> GpuBackend<A> {
             "quantize_q8_1",
             rows,
             [blocks.div_ceil(8), 1, 1],
-            Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(len),
+            Args::default().ptr(x).ptr(up).ptr(xq.ptr).ptr(xds.mem.ptr).i32(len).i32(act as usize),
         )?;
         Ok((xq, xds))
     }
@@ -1180,6 +1401,7 @@ impl<A: GpuApi> GpuBackend<A> {
         let dp4a = matches!(self.matvec_family, MatvecFamily::Dp4a { .. });
         let (kind, wp, sp) = match (&w.data.layout, w.ggml_type) {
             (WeightData::Q8_0 { qs, scales, .. }, GgmlType::Q8_0 | GgmlType::Q5_0) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
+            (WeightData::Int8Planes { qs, scales }, GgmlType::MXFP4) if dp4a => (MatvecKind::Q8Planes, qs.ptr, scales.ptr),
             (WeightData::Q8_0 { blocks, .. }, GgmlType::Q8_0) => (MatvecKind::Q8_0Blocks, blocks.ptr, 0),
             (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) if dp4a => (MatvecKind::Q4KDp4a, blocks.ptr, 0),
             (WeightData::KQuant { blocks, .. }, GgmlType::Q4_K) => (MatvecKind::Q4KBlocks, blocks.ptr, 0),
@@ -1195,7 +1417,8 @@ impl<A: GpuApi> GpuBackend<A> {
         if info.dims.len() == 3 {
             return Ok(WeightData::Unsliced);
         }
-        let f32_whole = info.dims.len() == 1 || moe::is_router(&info.name);
+        // Biases stay f32 whole, 2-D ones too (gpt-oss's [n_out, n_expert] expert biases).
+        let f32_whole = info.dims.len() == 1 || moe::is_router(&info.name) || info.name.ends_with(".bias");
         self.prepare_rows(&info.name, info.ggml_type, file.tensor_data(info), rows, cols, f32_whole)
     }
 
@@ -1247,12 +1470,25 @@ impl<A: GpuApi> GpuBackend<A> {
                 let (qs, scales) = repack::q5_0_int8_planes(bytes).map_err(dequant_error)?;
                 WeightData::Q8_0 { blocks: self.raw_weight(bytes)?, qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
             }
-            GgmlType::Q5_1 => WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? },
+            GgmlType::MXFP4 => {
+                let (qs, scales) = repack::mxfp4_int8_planes(bytes).map_err(dequant_error)?;
+                WeightData::Int8Planes { qs: self.upload_new(&qs)?, scales: self.upload_new(&scales)? }
+            }
+            GgmlType::Q5_1 => {
+                WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: Some(self.upload_new(bytemuck_u16(&dequant_f16()?))?) }
+            }
             GgmlType::Q4_K | GgmlType::Q6_K => {
                 if !cols.is_multiple_of(256) {
                     return Err(Error::unsupported(self.be(), format!("tensor \"{name}\" of {cols} columns (not a multiple of 256)")));
                 }
-                WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16: self.upload_new(bytemuck_u16(&dequant_f16()?))? }
+                // Blocks read from host memory (`map_host`) keep the copy: the GEMM would read
+                // them over the bus once per row tile.
+                let f16 = if t == GgmlType::Q4_K && !self.q4k_f16_copies && !self.host_weights {
+                    None
+                } else {
+                    Some(self.upload_new(bytemuck_u16(&dequant_f16()?))?)
+                };
+                WeightData::KQuant { blocks: self.raw_weight(bytes)?, f16 }
             }
             _ => WeightData::F16(self.upload_new(bytemuck_u16(&dequant_f16()?))?),
         })
@@ -1331,12 +1567,6 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     fn check_model(&self, hp: &HParams) -> Result<()> {
         if let Some(why) = moe::refusal(hp, self.moe) {
             return Err(Error::unsupported(self.be(), why));
-        }
-        if let Some(s) = &hp.rope_scaling {
-            return Err(Error::unsupported(
-                self.be(),
-                format!("RoPE scaling ({:?}, factor {}; the CPU backend runs it)", s.kind, s.factor),
-            ));
         }
         if !matches!(hp.head_dim, 64 | 128 | 256) {
             return Err(Error::unsupported(
@@ -1507,40 +1737,22 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         freq_base: f32,
         style: RopeStyle,
     ) -> Result<()> {
-        let mut cached = self.positions.lock();
-        if cached.as_ref().is_none_or(|p| p.values.as_slice() != positions) {
-            // Recorded launches that read the old positions (or the old buffer) go first.
-            let grow = cached.as_ref().is_none_or(|p| p.capacity < positions.len());
-            if grow || self.tape.lock().reads_positions {
-                self.flush()?;
-            }
-            let upload = |cached: &mut Option<Positions>| -> Result<()> {
-                if grow {
-                    let capacity = positions.len().max(64).next_power_of_two();
-                    *cached = None; // the old buffer is freed before the new one is made
-                    *cached = Some(Positions { values: Vec::new(), buf: self.raw_alloc(capacity * 4)?, capacity });
-                }
-                let p = cached.as_mut().expect("positions buffer");
-                let bytes: Vec<u8> = positions.iter().flat_map(|p| (*p as i32).to_le_bytes()).collect();
-                self.api.upload(p.buf.ptr, &bytes)?;
-                p.values = positions.to_vec();
-                Ok(())
-            };
-            if let Err(e) = upload(&mut cached) {
-                *cached = None;
-                return Err(e);
-            }
-        }
-        let pos = cached.as_ref().map(|p| p.buf.ptr).unwrap_or(0);
-        drop(cached);
-        let name = if style == RopeStyle::Neox { "rope_neox" } else { "rope_norm" };
-        let pairs = n_heads * head_dim / 2;
-        self.launch(
-            name,
-            positions.len(),
-            [pairs.div_ceil(256), positions.len(), 1],
-            Args::default().ptr(x.mem.ptr).ptr(pos).i32(n_heads).i32(head_dim).i32(head_dim).f32(freq_base),
-        )
+        // No scaling is the kernel's identity scaling: the same bits as an unscaled rotation.
+        let identity = RopeScaling { freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, corr_dims: [0.0, 0.0] };
+        self.rope_dev(x, positions, n_heads, head_dim, freq_base, style, identity)
+    }
+
+    fn rope_scaled(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: RopeScaling,
+    ) -> Result<()> {
+        self.rope_dev(x, positions, n_heads, head_dim, freq_base, style, scaling)
     }
 
     fn kv_store(
@@ -1606,81 +1818,37 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         s: AttentionShape,
         out: &mut Self::Buffer,
     ) -> Result<()> {
-        let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let keys = s.start_pos + s.n_tokens;
-        // This sequence's rows of q and out (f32, n_head * head_dim wide).
-        let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
-        let (q, kc, vc, o) = (q.mem.ptr + row_off, k_cache.mem.ptr, v_cache.mem.ptr, out.mem.ptr + row_off);
-        let (decode, decode_pos, prefill) = match s.head_dim {
-            64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
-            128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
-            256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
-            d => return Err(Error::unsupported(self.be(), format!("attention of head_dim {d}"))),
-        };
-        // Prefill on the matrix step: 64 queries per workgroup (kernels/attention.hip).
-        let prefill_mma = match s.head_dim {
-            64 if self.prefill_attention_mma => Some("attn_prefill_mma_d64"),
-            128 if self.prefill_attention_mma => Some("attn_prefill_mma_d128"),
-            _ => None,
-        };
-        // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
-        // captured decode graph) is the same at every step. A windowed layer's key range
-        // moves with the position: it is passed from the host (a new graph per step there).
-        let pos = match (decode_pos, s.window) {
-            (Some(_), None) if s.n_tokens == 1 => self.positions_at(s.first_row, s.start_pos, 1),
-            _ => None,
-        };
-        if let (Some(pos), Some(decode_pos)) = (pos, decode_pos) {
-            self.launch(
-                decode_pos,
-                1,
-                [s.n_head, 1, 1],
-                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
-            )
-        } else if s.n_tokens == 1 {
-            // A sliding window on decode: the query sees the last `window` keys, so the kernel
-            // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
-            let first_key = s.window.map_or(0, |w| keys.saturating_sub(w));
-            let key_off = (first_key * s.n_head_kv * s.head_dim * 2) as u64;
-            self.launch(
-                decode,
-                1,
-                [s.n_head, 1, 1],
-                Args::default()
-                    .ptr(q)
-                    .ptr(kc + key_off)
-                    .ptr(vc + key_off)
-                    .ptr(o)
-                    .i32(keys - first_key)
-                    .i32(s.n_head)
-                    .i32(s.n_head_kv)
-                    .f32(scale),
-            )
-        } else {
-            let (prefill, queries_per_group) = prefill_mma.map_or((prefill, 32), |k| (k, 64));
-            self.launch(
-                prefill,
-                s.n_tokens,
-                [s.n_tokens.div_ceil(queries_per_group), s.n_head, 1],
-                Args::default()
-                    .ptr(q)
-                    .ptr(kc)
-                    .ptr(vc)
-                    .ptr(o)
-                    .i32(s.n_tokens)
-                    .i32(keys)
-                    .i32(s.n_head)
-                    .i32(s.n_head_kv)
-                    .i32(s.start_pos)
-                    .f32(scale)
-                    .i32(s.window.unwrap_or(0)),
-            )
+        self.attention_dev(q, k_cache, v_cache, s, 0, out)
+    }
+
+    fn attention_with_sinks(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::KvBuffer,
+        v_cache: &Self::KvBuffer,
+        blocks: KvBlocks<'_>,
+        shape: AttentionShape,
+        sinks: &[f32],
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        if !blocks.is_contiguous() {
+            return Err(Error::unsupported(self.be(), "a paged KV cache"));
         }
+        if sinks.len() != shape.n_head {
+            return Err(Error::invalid(self.be(), format!("{} attention sinks for {} heads", sinks.len(), shape.n_head)));
+        }
+        let sinks = self.host_vector_on_device(sinks)?;
+        self.attention_dev(q, k_cache, v_cache, shape, sinks, out)
     }
 
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
         let g = gate.mem.ptr;
         self.elementwise("silu_mul", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
+    }
+
+    fn swiglu_oai(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
+        let g = gate.mem.ptr;
+        self.elementwise("swiglu_oai", n, Args::default().ptr(g).ptr(up.mem.ptr).ptr(g).i32(n))
     }
 
     fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
@@ -1707,6 +1875,16 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     // Mixture of experts (moe.rs).
     fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> Result<WeightOf<Self>> {
         self.weight_rows_prepared(w, first_row, n_rows, name)
+    }
+
+    fn expert_biases(
+        &self,
+        table: &mut Self::ExpertTable,
+        gate: &[&WeightOf<Self>],
+        up: &[&WeightOf<Self>],
+        down: &[&WeightOf<Self>],
+    ) -> Result<bool> {
+        self.expert_biases_dev(table, gate, up, down)
     }
 
     fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> Result<()> {
@@ -1769,6 +1947,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "matvec_max_rows": self.dp4a_max_rows,
             "matvec_mma": self.matvec_mma,
             "moe_device_routing": self.moe_device_routing,
+            "q4k_f16_copies": self.q4k_f16_copies,
             "gemm_tile": self.gemm_tile.name(),
         })
     }

@@ -52,8 +52,17 @@ struct ExpertMatrices {
     cols: usize,
     w: DevBuf,
     s: Option<DevBuf>,
-    /// Each expert's f16 copy (K-quants: the prefill GEMM's operand), for the grouped GEMM.
-    f16: Option<DevBuf>,
+    /// The grouped prefill GEMM's operand per expert, where every expert has one.
+    grouped: Option<GroupedOperand>,
+    /// Each expert's f32 bias row (gpt-oss; `Backend::expert_biases`), added after the matrix.
+    bias: Option<DevBuf>,
+}
+
+/// What the grouped GEMM reads for each expert of a matrix: a table of device pointers.
+struct GroupedOperand {
+    /// `moe_gemm_f16_64x64` (f16 copies) or `moe_gemm_q4k_64x64` (raw Q4_K blocks).
+    kernel: &'static str,
+    table: DevBuf,
 }
 
 impl ExpertMatrices {
@@ -77,22 +86,23 @@ impl ExpertMatrices {
     fn s_ptr(&self) -> DevicePtr {
         self.s.as_ref().map_or(0, |s| s.ptr)
     }
+
+    fn bias_ptr(&self) -> DevicePtr {
+        self.bias.as_ref().map_or(0, |b| b.ptr)
+    }
 }
 
-/// Why a GPU backend refuses this model's experts, if it does: gpt-oss (MXFP4 experts, expert
-/// biases, attention sinks) always; qwen3moe and qwen2moe when `engine.gpu.moe` is off.
+/// Why a GPU backend refuses this model's experts, if it does: when `engine.gpu.moe` is off.
+/// gpt-oss runs with its experts routed on the host (biases, swiglu_oai), MXFP4 as int8 planes.
 pub(super) fn refusal(hp: &HParams, moe_enabled: bool) -> Option<String> {
-    use crate::model::Arch;
     hp.moe.as_ref()?;
-    match hp.arch {
-        Arch::Qwen3Moe | Arch::Qwen2Moe if moe_enabled => None,
-        Arch::Qwen3Moe | Arch::Qwen2Moe => Some(format!(
+    (!moe_enabled).then(|| {
+        format!(
             "{} is a mixture-of-experts model and engine.gpu.moe is false: use the CPU backend, \
              or set engine.gpu.moe = true (--gpu-moe)",
             hp.arch.name()
-        )),
-        _ => Some(format!("{} (MXFP4 experts, expert biases, attention sinks) runs on the CPU backend only so far", hp.arch.name())),
-    }
+        )
+    })
 }
 
 /// Whether a tensor is an MoE router, kept f32 on the device (`moe_router_f32`).
@@ -166,16 +176,21 @@ impl<A: GpuApi> GpuBackend<A> {
             let table = |f: fn(&MatvecWeight) -> DevicePtr| kinds.iter().flat_map(|m| f(m).to_le_bytes()).collect::<Vec<u8>>();
             let w = self.upload_new(&table(|m| m.w))?;
             let s = if kind == MatvecKind::Q8Planes { Some(self.upload_new(&table(|m| m.s))?) } else { None };
-            let f16: Option<Vec<u8>> = ws
-                .iter()
-                .map(|w| match &w.data.layout {
-                    WeightData::KQuant { f16, .. } | WeightData::F16(f16) => Some(f16.ptr.to_le_bytes()),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(|v| v.concat());
-            let f16 = f16.map(|t| self.upload_new(&t)).transpose()?;
-            Ok(Some(ExpertMatrices { kind, rows, cols, w, s, f16 }))
+            // Each expert's f16 copy, or all raw Q4_K blocks: the grouped GEMM's operand.
+            let operand = |w: &GpuWeight| match &w.data.layout {
+                WeightData::KQuant { f16: Some(f16), .. } | WeightData::F16(f16) => Some(("moe_gemm_f16_64x64", f16.ptr)),
+                WeightData::KQuant { blocks, f16: None } if w.ggml_type == GgmlType::Q4_K => Some(("moe_gemm_q4k_64x64", blocks.ptr)),
+                _ => None,
+            };
+            let operands = ws.iter().map(|w| operand(w)).collect::<Option<Vec<_>>>();
+            let grouped = match operands {
+                Some(ops) if ops.iter().all(|o| o.0 == ops[0].0) => Some(GroupedOperand {
+                    kernel: ops[0].0,
+                    table: self.upload_new(&ops.iter().flat_map(|o| o.1.to_le_bytes()).collect::<Vec<u8>>())?,
+                }),
+                _ => None,
+            };
+            Ok(Some(ExpertMatrices { kind, rows, cols, w, s, grouped, bias: None }))
         };
         let (Some(g), Some(u), Some(d)) = (matrices(gate)?, matrices(up)?, matrices(down)?) else {
             return Ok(None);
@@ -186,10 +201,39 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(Some(ExpertTable { n_expert: gate.len(), gate: g, up: u, down: d }))
     }
 
+    /// `Backend::expert_biases`: each matrix's table of the experts' f32 bias rows (one-row
+    /// weights, whole f32 on the device).
+    pub(super) fn expert_biases_dev(
+        &self,
+        t: &mut ExpertTable,
+        gate: &[&GpuWeight],
+        up: &[&GpuWeight],
+        down: &[&GpuWeight],
+    ) -> Result<bool> {
+        let table = |ws: &[&GpuWeight], width: usize| -> Result<Option<DevBuf>> {
+            let mut ptrs = Vec::with_capacity(8 * ws.len());
+            for w in ws {
+                match &w.data.layout {
+                    WeightData::Vector(v) if w.rows * w.cols == width => ptrs.extend(v.ptr.to_le_bytes()),
+                    _ => return Ok(None),
+                }
+            }
+            self.upload_new(&ptrs).map(Some)
+        };
+        if [gate.len(), up.len(), down.len()] != [t.n_expert; 3] {
+            return Ok(false);
+        }
+        let (Some(g), Some(u), Some(d)) = (table(gate, t.gate.rows)?, table(up, t.up.rows)?, table(down, t.down.rows)?) else {
+            return Ok(false);
+        };
+        (t.gate.bias, t.up.bias, t.down.bias) = (Some(g), Some(u), Some(d));
+        Ok(true)
+    }
+
     /// `Backend::routed_experts`: top-k, gate/up, SwiGLU + down, weighted sum, all on the
     /// device (seven launches with the two quantisers).
     pub(super) fn routed_experts_dev(&self, r: crate::backend::RoutedExperts<'_, Self>) -> Result<()> {
-        use crate::model::Gating;
+        use crate::model::{ExpertAct, Gating};
         let (p, t) = (r.params, r.table);
         let (n, k, d, ff) = (r.n, p.n_expert_used, r.dim, t.gate.rows);
         if k == 0 || k > TOPK_MAX_USED || k > p.n_expert || t.down.rows != d || t.gate.cols != d || t.down.cols != ff {
@@ -202,6 +246,11 @@ impl<A: GpuApi> GpuBackend<A> {
         let ids = r.choice.mem.ptr;
         let weights = ids + (slots * 4) as u64;
         let log = r.ids_log.0.mem.ptr + (r.ids_log.1 * 4) as u64;
+        let router_bias = match r.router_bias {
+            Some(b) if b.len() == p.n_expert => self.host_vector_on_device(b)?,
+            Some(b) => return Err(Error::invalid(self.be(), format!("a router bias of {} for {} experts", b.len(), p.n_expert))),
+            None => 0,
+        };
         let gating = match p.gating {
             Gating::Softmax => 0,
             Gating::SoftmaxWeight => 1,
@@ -219,7 +268,8 @@ impl<A: GpuApi> GpuBackend<A> {
                 .i32(k)
                 .i32(gating)
                 .i32(usize::from(p.norm_topk))
-                .f32(p.weights_scale),
+                .f32(p.weights_scale)
+                .ptr(router_bias),
         )?;
         // Gate and up of every (token, slot), from the token's quantised input.
         let (xq, xds) = self.quantize_q8_1(r.x.mem.ptr, 0, n, n * d)?;
@@ -231,10 +281,12 @@ impl<A: GpuApi> GpuBackend<A> {
             Args::default()
                 .ptr(g.w.ptr)
                 .ptr(g.s_ptr())
+                .ptr(g.bias_ptr())
                 .ptr(r.gate.mem.ptr)
                 .i32(ff)
                 .ptr(u.w.ptr)
                 .ptr(u.s_ptr())
+                .ptr(u.bias_ptr())
                 .ptr(r.up.mem.ptr)
                 .i32(ff)
                 .ptr(ids)
@@ -244,8 +296,12 @@ impl<A: GpuApi> GpuBackend<A> {
                 .i32(k)
                 .i32(0),
         )?;
-        // Down of each slot's silu(gate) * up (SwiGLU in the quantiser).
-        let (hq, hds) = self.quantize_q8_1(r.gate.mem.ptr, r.up.mem.ptr, n, slots * ff)?;
+        // Down of each slot's activation of (gate, up), in the quantiser.
+        let act = match p.act {
+            ExpertAct::SwiGlu => GatedAct::Silu,
+            ExpertAct::SwiGluOai => GatedAct::SwiGluOai,
+        };
+        let (hq, hds) = self.quantize_q8_1_act(r.gate.mem.ptr, r.up.mem.ptr, act, n, slots * ff)?;
         let dn = &t.down;
         self.launch(
             dn.kernel(),
@@ -254,8 +310,10 @@ impl<A: GpuApi> GpuBackend<A> {
             Args::default()
                 .ptr(dn.w.ptr)
                 .ptr(dn.s_ptr())
+                .ptr(dn.bias_ptr())
                 .ptr(r.slots.mem.ptr)
                 .i32(d)
+                .ptr(0)
                 .ptr(0)
                 .ptr(0)
                 .ptr(0)
@@ -294,9 +352,12 @@ impl<A: GpuApi> GpuBackend<A> {
         dim: usize,
         out: &mut GpuBuffer,
     ) -> Result<bool> {
-        let (Some(gf), Some(uf), Some(df)) = (&t.gate.f16, &t.up.f16, &t.down.f16) else {
+        let (Some(gf), Some(uf), Some(df)) = (&t.gate.grouped, &t.up.grouped, &t.down.grouped) else {
             return Ok(false);
         };
+        if t.gate.bias.is_some() {
+            return Ok(false); // the grouped kernels add no biases
+        }
         const TILE: usize = 64;
         let (ff, total) = (t.gate.rows, n * k);
         // Grid rows are one per routed row (gather, scatter): within the 65535 a grid allows.
@@ -333,12 +394,12 @@ impl<A: GpuApi> GpuBackend<A> {
             Args::default().ptr(x.mem.ptr).ptr(gather).ptr(xs.mem.ptr).i32(dim),
         )?;
         let xh = self.to_f16(&xs, total * dim)?;
-        let gemm = |a: &GpuBuffer, b: &DevBuf, c: &GpuBuffer, nn: usize, kk: usize| {
+        let gemm = |a: &GpuBuffer, b: &GroupedOperand, c: &GpuBuffer, nn: usize, kk: usize| {
             self.launch(
-                "moe_gemm_f16_64x64",
+                b.kernel,
                 total,
                 [nn.div_ceil(TILE), tiles, 1],
-                Args::default().ptr(a.mem.ptr).ptr(b.ptr).ptr(c.mem.ptr).ptr(tile_map).i32(nn).i32(kk),
+                Args::default().ptr(a.mem.ptr).ptr(b.table.ptr).ptr(c.mem.ptr).ptr(tile_map).i32(nn).i32(kk),
             )
         };
         let mut g = self.scratch(total * ff, Elem::F32)?;
@@ -461,15 +522,13 @@ mod tests {
     }
 
     #[test]
-    fn moe_models_are_refused_only_when_switched_off_and_gpt_oss_always() {
-        for arch in ["qwen3moe", "qwen2moe"] {
+    fn moe_models_are_refused_only_when_switched_off() {
+        for arch in ["qwen3moe", "qwen2moe", "gpt-oss"] {
             let hp = hparams(arch);
             let why = super::refusal(&hp, false).expect("refused without the opt-in");
             assert!(why.contains("engine.gpu.moe"), "{why}");
             assert_eq!(super::refusal(&hp, true), None, "{arch} with the opt-in");
         }
-        let why = super::refusal(&hparams("gpt-oss"), true).expect("gpt-oss is refused");
-        assert!(why.contains("CPU backend only"), "{why}");
         assert_eq!(super::refusal(&hparams("qwen3"), false), None, "dense models are not affected");
     }
 
