@@ -92,8 +92,8 @@ impl ExpertMatrices {
     }
 }
 
-/// Why a GPU backend refuses this model's experts, if it does: when `engine.gpu.moe` is off.
-/// gpt-oss runs with its experts routed on the host (biases, swiglu_oai), MXFP4 as int8 planes.
+/// Why a GPU backend refuses this model's experts, if it does: when `engine.gpu.moe` is off
+/// (qwen3moe, qwen2moe and gpt-oss run otherwise; gpt-oss's MXFP4 experts as int8 planes).
 pub(super) fn refusal(hp: &HParams, moe_enabled: bool) -> Option<String> {
     hp.moe.as_ref()?;
     (!moe_enabled).then(|| {
