@@ -41,8 +41,8 @@
 //! off, `gemm_q4k_*` / `moe_gemm_q4k_64x64`); a `raw Q4_K vs f16 copies` line compares the
 //! 160-row prefill logits with a backend keeping the f16 copies, which must be equal bit for bit.
 //!
-//! gpt-oss (MXFP4 experts as int8 planes, YaRN RoPE, attention sinks, `swiglu_oai`; its experts
-//! always routed on the host) runs the same checks: `--archs gpt-oss --quants mxfp4,q8_0,q4_k`.
+//! gpt-oss (MXFP4 experts as int8 planes, YaRN RoPE, attention sinks, `swiglu_oai`, the router
+//! and expert biases in device routing) runs the same checks: `--archs gpt-oss --quants mxfp4,q8_0,q4_k`.
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]

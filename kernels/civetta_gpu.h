@@ -170,6 +170,14 @@ CV_DEVICE float cv_mul_nofma(float a, float b) {
   return __nvvm_mul_rn_f(a, b);
 #endif
 }
+// gpt-oss's gated activation as ggml's CPU swiglu_oai (src/backend: swiglu_oai_host): x = min(gate,
+// 7), y = clamp(up, -7, 7), x / (1 + e^(-1.702 x)) * (y + 1). Shared by civetta_swiglu_oai and the
+// quantiser that feeds the routed down projection (civetta_quantize_q8_1).
+CV_DEVICE float cv_swiglu_oai(float gate, float up) {
+  const float x = __builtin_fminf(gate, 7.0f);
+  const float y = __builtin_fminf(__builtin_fmaxf(up, -7.0f), 7.0f);
+  return x / (1.0f + cv_exp(-1.702f * x)) * (y + 1.0f);
+}
 // sin and cos of an angle in radians, with the range reduction done here.
 CV_DEVICE void cv_sincos(float theta, float* s, float* c) {
   float rev = theta * 0.15915494309189535f;

@@ -21,7 +21,7 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_act_q8(const float* x, cv_
 
 // Decode mat-vec input (kernels/matvec_dp4a.hip): x, or when up != null the gated activation
 // folded into the down projection's input: act 0 silu(x) * up (SwiGLU), act 1 gpt-oss's
-// swiglu_oai(x, up) (kernels/gpt_oss.hip's arithmetic), as int8 blocks of 32 with the scale d and
+// swiglu_oai(x, up) (cv_swiglu_oai, as kernels/gpt_oss.hip), as int8 blocks of 32 with the scale d and
 // s = d * (sum of the block's q), which Q4_K's min term needs: q: int8 [n], ds: f32 [n/32][2] = (d, s).
 // Same rounding as civetta_quantize_act_q8. One wave per block; grid: ceil(n/32/8) x 256 threads.
 CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_q8_1(const float* x, const float* up, cv_i8* q, float* ds, int n,
@@ -30,9 +30,8 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_q8_1(const float* x, const
   if (block * 32 >= n) return;
   const int i = block * 32 + (int)cv_lane();
   float v = x[i];
-  if (up && act == 1) { // the arithmetic of civetta_swiglu_oai
-    const float g = __builtin_fminf(v, 7.0f), u = __builtin_fminf(__builtin_fmaxf(up[i], -7.0f), 7.0f);
-    v = g / (1.0f + cv_exp(-1.702f * g)) * (u + 1.0f);
+  if (up && act == 1) {
+    v = cv_swiglu_oai(v, up[i]); // the arithmetic of civetta_swiglu_oai
   } else if (up) {
     v = v * cv_rcp(1.0f + cv_exp(-v)) * up[i]; // the arithmetic of civetta_silu_mul
   }

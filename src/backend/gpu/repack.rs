@@ -24,9 +24,9 @@ pub fn q5_0_int8_planes(bytes: &[u8]) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     Ok((qs, scales))
 }
 
-const MXFP4_BLOCK: usize = 17; // u8 e (E8M0), u8 qs[16] (E2M1 nibbles)
-/// ggml's `kvalues_mxfp4`: the E2M1 levels doubled, so the scale is 2^(e - 128).
-const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+// An MXFP4 block: u8 e (E8M0), u8 qs[16] (E2M1 nibbles); the levels doubled, so the scale is
+// 2^(e - 128) (src/quant/mxfp4.rs).
+use crate::quant::{MXFP4_BYTES as MXFP4_BLOCK, MXFP4_KVALUES as MXFP4_LEVELS};
 
 /// MXFP4 blocks as the same two planes: int8 doubled E2M1 levels (-12..=12) and the f16 scale
 /// 2^(e - 128), exact for e in 104..=143 (f16's powers of two, subnormals included); a block
