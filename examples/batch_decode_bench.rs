@@ -30,8 +30,9 @@ fn arg(args: &[String], name: &str, default: &str) -> String {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_string())
 }
 
+/// The engine's greedy choice.
 fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
+    civetta::engine::sampler::argmax(v) as u32
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -80,7 +81,11 @@ fn run_batch<B: Backend>(
     let mut ws = model.new_workspace(WorkspaceShape { rows: b * prompt_len.max(1), logit_rows: b })?;
     let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(&prompts).map(|(cache, p)| SeqRows { cache, tokens: &p[..], logits: Logits::Last }).collect();
-    let mut last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
+    // As the engine's step: the logits stay in the workspace's host buffer (page-locked on a
+    // GPU) and each sequence's next token is read from its rows there.
+    let logits = model.forward_batch_into(pool.as_mut(), &mut ws, &mut rows)?;
+    let mut last: Vec<Vec<f32>> = logits.iter().map(|l| l.to_vec()).collect();
+    let mut next: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
     drop(rows);
     let mut fed: Vec<Vec<u32>> = vec![Vec::new(); b];
     let mut t0 = Instant::now();
@@ -88,13 +93,18 @@ fn run_batch<B: Backend>(
         if step == warm {
             t0 = Instant::now();
         }
-        let next: Vec<[u32; 1]> = last.iter().map(|l| [argmax(l)]).collect();
         for (f, t) in fed.iter_mut().zip(&next) {
             f.push(t[0]);
         }
         let mut rows: Vec<SeqRows<B>> =
             caches.iter_mut().zip(&next).map(|(cache, t)| SeqRows { cache, tokens: &t[..], logits: Logits::Last }).collect();
-        last = model.forward_batch_with(pool.as_mut(), &mut ws, &mut rows)?;
+        let logits = model.forward_batch_into(pool.as_mut(), &mut ws, &mut rows)?;
+        let new_next = logits.iter().map(|l| [argmax(l)]).collect();
+        if step + 1 == warm + steps {
+            last = logits.iter().map(|l| l.to_vec()).collect();
+        }
+        drop(rows);
+        next = new_next;
     }
     Ok(BatchRun { seconds: t0.elapsed().as_secs_f64(), fed, last })
 }

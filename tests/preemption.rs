@@ -164,3 +164,33 @@ fn max_batch_tokens_zero_is_the_backends_default() {
     assert_eq!(civetta::engine::default_max_batch_tokens("cuda"), 2048);
     e.shutdown();
 }
+
+/// With a vocabulary large enough (4 rows x 20,000 logits), the sequences of a step draw their
+/// tokens on several threads (scheduler.rs `draw_all`): what each client sees must still be
+/// the request alone, bit for bit, with greedy and seeded sampling and the alternatives.
+#[test]
+fn sequences_that_draw_in_parallel_see_what_they_see_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("llama-q8_0-vocab20000.gguf");
+    let out = common::civetta()
+        .args(["model", "synth", "--arch", "llama", "--quant", "q8_0", "--vocab", "20000", "--seed", "3", "-o"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    let seeded = |seed| SamplingParams { temperature: 0.8, top_k: 0, top_p: 0.95, seed, ..Default::default() };
+    let reqs = vec![
+        request(prompt(9, 21, VOCAB), 24, SamplingParams::default()),
+        request(prompt(11, 22, VOCAB), 24, seeded(5)),
+        request(prompt(13, 23, VOCAB), 24, SamplingParams { repetition_penalty: 1.3, ..SamplingParams::default() }),
+        request(prompt(10, 24, VOCAB), 24, seeded(6)),
+    ];
+    let e = engine(&path, None);
+    let alone: Vec<Seen> = reqs.iter().map(|r| run_concurrently(&e, std::slice::from_ref(r)).pop().unwrap()).collect();
+    let together = run_concurrently(&e, &reqs);
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        check_stream_is_complete(b, &format!("request {i}"));
+        assert_eq!(a.tokens, b.tokens, "request {i}: drawn in a batch differs from the request alone");
+    }
+    e.shutdown();
+}

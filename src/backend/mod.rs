@@ -22,8 +22,10 @@
 pub mod cpu;
 mod error;
 pub mod gpu;
+mod host_buffer;
 
 pub use error::{Error, Result, ResultExt};
+pub use host_buffer::{HostBuffer, Unpin};
 
 use crate::gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
@@ -208,6 +210,11 @@ pub trait Backend: Send + Sync + 'static {
         self.load_weight(file, name)
     }
     fn alloc(&self, len: usize) -> Result<Self::Buffer>;
+    /// Host memory of `len` f32s that `read` fills (the logits), allocated once per
+    /// workspace: page-locked on GPU backends, where that makes the copy several times faster.
+    fn alloc_host(&self, len: usize) -> Result<HostBuffer> {
+        Ok(HostBuffer::heap(len))
+    }
     /// Allocates one layer's K or V cache of `len` elements, in the backend's element type
     /// (f16 like llama.cpp on the CPU and GPU backends).
     fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer>;

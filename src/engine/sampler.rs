@@ -105,17 +105,25 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<super::types::TopLogprob> {
     top.into_iter().map(|(i, l)| super::types::TopLogprob { id: i as u32, logprob: l - lse }).collect()
 }
 
-/// Index of the largest logit; the lowest index wins ties. NaN never wins.
+/// Index of the largest logit; the lowest index wins ties. NaN never wins; 0 if nothing
+/// beats -inf.
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    // Two passes: the maximum in 16 independent lanes (compiles to vector max instructions,
+    // ~10x the one-at-a-time loop on a 150k vocabulary), then its first index.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best
+    let max = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return 0;
+    }
+    logits.iter().position(|&v| v == max).expect("the maximum is one of the logits")
 }
 
 /// llama.cpp's penalty: positive logits are divided, negative multiplied, once per distinct token.
@@ -137,6 +145,45 @@ mod tests {
 
     fn params(temperature: f32) -> SamplingParams {
         SamplingParams { temperature, ..Default::default() }
+    }
+
+    /// The one-at-a-time definition `argmax` must agree with.
+    fn argmax_reference(logits: &[f32]) -> usize {
+        let mut best = 0;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best_v {
+                best_v = v;
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn argmax_matches_the_one_at_a_time_definition() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for len in [0usize, 1, 5, 15, 16, 17, 33, 1000, 49_152] {
+            for case in 0..40 {
+                // Few distinct values, so ties (also between -0.0 and 0.0) are common; some
+                // NaN and infinities.
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match rng.gen_range(0..20) {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 if case % 4 == 0 => f32::INFINITY,
+                        3 => -0.0,
+                        _ => (rng.gen_range(-4i32..4) as f32) * if case % 2 == 0 { 1.0 } else { -1.0 },
+                    })
+                    .collect();
+                assert_eq!(argmax(&v), argmax_reference(&v), "len {len} case {case}: {v:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN; 40]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 40]), 0);
+        let mut v = vec![f32::NEG_INFINITY; 40];
+        v[37] = -1e30;
+        assert_eq!(argmax(&v), 37);
     }
 
     #[test]

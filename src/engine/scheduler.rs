@@ -12,12 +12,13 @@
 //! preempted (blocks freed, resumed later by recomputing its history: `Worker::make_room`).
 
 use super::kv::{Allocation, BlockManager};
-use super::sequence::{Seq, StepOutcome};
+use super::sequence::{Draw, Seq, StepOutcome};
 use super::step_cost::{StepCost, StepShape};
 use super::types::*;
 use super::{Counters, Inner, Job};
 use crate::backend::Backend;
 use crate::model::{Logits, Model, SeqRows, Workspace};
+use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -378,6 +379,29 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 
 /// One engine step: plan the batch, one forward pass, sample for every sequence whose rows
 /// end in a token to predict; finished sequences leave `active` (order kept: oldest first).
+/// Logits (rows x vocabulary) below which a step's sequences draw one after another: a
+/// handful of small rows is quicker than waking the thread pool.
+const PARALLEL_DRAW_MIN_LOGITS: usize = 1 << 16;
+
+/// Draws the next token of each sequence `(index in active, its logits)`; in parallel when
+/// there is enough to do. Each draw reads only its own sequence and logits (the log-softmax
+/// over a 150k-token vocabulary is ~1 ms per row), so the tokens do not depend on how the
+/// draws were spread over threads. Returns (index, draw) in the order given.
+fn draw_all<B: Backend>(active: &mut [Seq<B>], to_sample: Vec<(usize, &mut [f32])>) -> Vec<(usize, Draw)> {
+    let work: usize = to_sample.iter().map(|(_, l)| l.len()).sum();
+    let mut pairs: Vec<(usize, &mut Seq<B>, &mut [f32])> = Vec::with_capacity(to_sample.len());
+    let mut seqs = active.iter_mut().enumerate();
+    for (i, l) in to_sample {
+        let s = seqs.find(|(j, _)| *j == i).map(|(_, s)| s).expect("indices ascend and are in range");
+        pairs.push((i, s, l));
+    }
+    if pairs.len() > 1 && work >= PARALLEL_DRAW_MIN_LOGITS {
+        pairs.into_par_iter().map(|(i, s, l)| (i, s.draw(l))).collect()
+    } else {
+        pairs.into_iter().map(|(i, s, l)| (i, s.draw(l))).collect()
+    }
+}
+
 fn step<B: Backend>(
     inner: &Inner,
     model: &Model<B>,
@@ -411,7 +435,7 @@ fn step<B: Backend>(
             };
             batch.push(SeqRows { cache: &mut s.cache, tokens, logits });
         }
-        model.forward_batch_with(kv.as_mut().map(BlockManager::pool_mut), ws, &mut batch)
+        model.forward_batch_into(kv.as_mut().map(BlockManager::pool_mut), ws, &mut batch)
     };
     let elapsed = t0.elapsed();
     if result.is_ok() {
@@ -433,9 +457,11 @@ fn step<B: Backend>(
     match result {
         Ok(logits) => {
             let mut logits = logits.into_iter();
-            for ((s, work), done) in active.iter_mut().zip(&plan).zip(finished.iter_mut()) {
+            // (index in `active`, its logits) of every sequence that samples this step.
+            let mut to_sample = Vec::with_capacity(seqs);
+            for (i, (s, work)) in active.iter_mut().zip(&plan).enumerate() {
                 let Some(work) = *work else { continue };
-                let mut row_logits = logits.next().expect("one logits vector per sequence in the batch");
+                let row_logits = logits.next().expect("one logits vector per sequence in the batch");
                 match work {
                     Work::Decode => s.decode_time += elapsed,
                     Work::Prefill { rows, last } => {
@@ -449,7 +475,10 @@ fn step<B: Backend>(
                         }
                     }
                 }
-                *done = matches!(s.sample_and_emit(inner, &mut row_logits), StepOutcome::Finished);
+                to_sample.push((i, row_logits));
+            }
+            for (i, draw) in draw_all(active, to_sample) {
+                finished[i] = matches!(active[i].emit(inner, draw), StepOutcome::Finished);
             }
         }
         Err(e) => {

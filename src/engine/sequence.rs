@@ -49,6 +49,13 @@ pub(super) struct Seq<B: Backend> {
     admitted: bool,
 }
 
+/// A token drawn from a sequence's logits, not yet emitted.
+pub(super) struct Draw {
+    token: u32,
+    logprob: f32,
+    top: Vec<TopLogprob>,
+}
+
 pub(super) enum StepOutcome {
     Continue,
     Finished,
@@ -164,13 +171,19 @@ impl<B: Backend> Seq<B> {
         self.finish(inner, FinishReason::Context);
     }
 
-    /// Samples the next token from `logits` (of the last forward row) and emits it.
-    pub(super) fn sample_and_emit(&mut self, inner: &Inner, logits: &mut [f32]) -> StepOutcome {
+    /// Draws the next token from `logits` (of the last forward row). Touches only this
+    /// sequence's sampler and history, so the sequences of a step draw in parallel.
+    pub(super) fn draw(&mut self, logits: &mut [f32]) -> Draw {
         let sampled = self.sampler.sample(logits, &self.history);
         // After sample(): the logits carry the repetition penalty, as the logprob does.
         let n = self.job.req.params().top_logprobs.min(super::types::MAX_TOP_LOGPROBS);
         let top = if n > 0 { super::sampler::top_logprobs(logits, n) } else { Vec::new() };
-        self.emit_token(inner, sampled.token, sampled.logprob, top)
+        Draw { token: sampled.token, logprob: sampled.logprob, top }
+    }
+
+    /// Emits a drawn token (or finishes on EOS / stop / length / context).
+    pub(super) fn emit(&mut self, inner: &Inner, d: Draw) -> StepOutcome {
+        self.emit_token(inner, d.token, d.logprob, d.top)
     }
 
     /// Sends a sampled token (or finishes on EOS / stop / length / context).

@@ -421,22 +421,44 @@ impl<B: Backend> Model<B> {
     /// [`Model::new_workspace`] for at least this pass's rows): no allocation per pass.
     pub fn forward_batch_with(
         &self,
-        mut pool: Option<&mut KvPool<B>>,
+        pool: Option<&mut KvPool<B>>,
         ws: &mut Workspace<B>,
         seqs: &mut [SeqRows<'_, B>],
     ) -> anyhow::Result<Vec<Vec<f32>>> {
+        Ok(self.forward_batch_into(pool, ws, seqs)?.into_iter().map(|l| l.to_vec()).collect())
+    }
+
+    /// [`Model::forward_batch_with`] without copying the logits out: each sequence gets its
+    /// rows of the workspace's host logits (mutable, for the sampler's penalties), valid
+    /// until the workspace's next pass. The engine's step samples from these.
+    pub fn forward_batch_into<'w>(
+        &self,
+        mut pool: Option<&mut KvPool<B>>,
+        ws: &'w mut Workspace<B>,
+        seqs: &mut [SeqRows<'_, B>],
+    ) -> anyhow::Result<Vec<&'w mut [f32]>> {
         let need = workspace_shape_of(seqs);
         ws.check_fits(need.rows, need.logit_rows)?;
         let mut result = None;
         self.backend.run(&mut || result = Some(self.forward_pass(pool.as_deref_mut(), ws, seqs)));
-        let result = result.expect("the backend ran the forward pass");
-        if result.is_err() {
-            // A failed pass stops at its first error: work a GPU backend recorded before it
-            // runs now, while every buffer it names is alive (its own error, if any, is not
-            // the first).
-            let _ = self.backend.synchronize();
+        let counts = match result.expect("the backend ran the forward pass") {
+            Ok(counts) => counts,
+            Err(e) => {
+                // A failed pass stops at its first error: work a GPU backend recorded before
+                // it runs now, while every buffer it names is alive (its own error, if any, is
+                // not the first).
+                let _ = self.backend.synchronize();
+                return Err(e);
+            }
+        };
+        let mut per_seq = Vec::with_capacity(counts.len());
+        let mut rest: &'w mut [f32] = &mut ws.host_logits;
+        for c in counts {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(c * self.hp.n_vocab);
+            per_seq.push(mine);
+            rest = tail;
         }
-        result
+        Ok(per_seq)
     }
 
     /// Activation buffers for passes of up to `shape` (see [`Workspace`]).
@@ -444,12 +466,14 @@ impl<B: Backend> Model<B> {
         Workspace::new(&*self.backend, &self.hp, shape)
     }
 
+    /// Runs the pass; the logits land in the leading rows of `ws.host_logits`, sequence by
+    /// sequence. Returns how many rows of logits each sequence got.
     fn forward_pass(
         &self,
         mut pool: Option<&mut KvPool<B>>,
         ws: &mut Workspace<B>,
         seqs: &mut [SeqRows<'_, B>],
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
+    ) -> anyhow::Result<Vec<usize>> {
         if seqs.is_empty() {
             bail!("forward called with no sequences");
         }
@@ -498,7 +522,7 @@ impl<B: Backend> Model<B> {
         }
 
         // The pass's activations: the leading n rows of the workspace's buffers.
-        let Workspace { x, h, q, k, v, att, gate, up, picked, logits, moe, .. } = ws;
+        let Workspace { x, h, q, k, v, att, gate, up, picked, logits, host_logits, moe, .. } = ws;
 
         be.embed(&self.token_embd, &tokens, x)?;
         if let Some(s) = hp.embedding_scale() {
@@ -643,7 +667,6 @@ impl<B: Backend> Model<B> {
             out_rows.extend(picked.map(|i| row + i));
         }
         let rows = out_rows.len();
-        let mut host = vec![0f32; rows * hp.n_vocab];
         if rows == 0 {
             be.synchronize()?;
         } else {
@@ -656,7 +679,7 @@ impl<B: Backend> Model<B> {
             be.rmsnorm(last, &self.output_norm, rows, d, hp.rms_eps, h)?;
             let out_w = self.output.as_ref().unwrap_or(&self.token_embd);
             be.matmul(out_w, h, rows, logits)?;
-            be.read(logits, 0, &mut host)?;
+            be.read(logits, 0, &mut host_logits[..rows * hp.n_vocab])?;
         }
         if let (Some(m), Some(load), Some(p)) = (moe.as_mut(), &self.expert_load, &hp.moe) {
             moe::record_device_routing(be, load, p, m, n)?;
@@ -664,14 +687,7 @@ impl<B: Backend> Model<B> {
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();
         }
-        let mut per_seq = Vec::with_capacity(seqs.len());
-        let mut rest = host.as_slice();
-        for c in counts {
-            let (mine, tail) = rest.split_at(c * hp.n_vocab);
-            per_seq.push(mine.to_vec());
-            rest = tail;
-        }
-        Ok(per_seq)
+        Ok(counts)
     }
 }
 

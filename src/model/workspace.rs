@@ -14,7 +14,7 @@
 //! workspace gives the same bits as a fresh one (tests/workspace.rs).
 
 use super::HParams;
-use crate::backend::Backend;
+use crate::backend::{Backend, HostBuffer};
 use anyhow::bail;
 
 /// The largest pass a workspace serves.
@@ -46,6 +46,9 @@ pub struct Workspace<B: Backend> {
     pub(super) picked: B::Buffer,
     /// logit_rows x n_vocab.
     pub(super) logits: B::Buffer,
+    /// The logits read back to the host, logit_rows x n_vocab (page-locked on GPU backends);
+    /// `Model::forward_batch_into` lends each sequence its rows of it.
+    pub(super) host_logits: HostBuffer,
     /// The mixture-of-experts block's buffers (MoE models only).
     pub(super) moe: Option<MoeWorkspace<B>>,
 }
@@ -126,15 +129,16 @@ impl<B: Backend> Workspace<B> {
             };
             Some(MoeWorkspace { router_logits, slots, xe, gate, up, out, shared_gate, choice, routed_ids, routed_on_device: 0 })
         };
+        let host_logits = be.alloc_host(shape.logit_rows * hp.n_vocab)?;
         let bytes = Workspace::<B>::bytes_for(hp, shape);
-        Ok(Workspace { shape, bytes, x, h, q, k, v, att, gate, up, picked, logits, moe })
+        Ok(Workspace { shape, bytes, x, h, q, k, v, att, gate, up, picked, logits, host_logits, moe })
     }
 
-    /// Bytes a workspace of `shape` takes (f32 activations; a backend may round each buffer
-    /// up, as the GPU pool does to powers of two).
+    /// Bytes a workspace of `shape` takes (f32 activations and the host copy of the logits;
+    /// a backend may round each buffer up, as the GPU pool does to powers of two).
     pub fn bytes_for(hp: &HParams, shape: WorkspaceShape) -> usize {
         let (main, moe) = lengths(hp, shape);
-        4 * main.iter().chain(&moe).sum::<usize>()
+        4 * (main.iter().chain(&moe).sum::<usize>() + shape.logit_rows * hp.n_vocab)
     }
 
     pub fn shape(&self) -> WorkspaceShape {

@@ -53,6 +53,13 @@ pub trait GpuApi: Send + Sync + 'static {
     }
     /// Undoes `map_host` for the host address it was given.
     fn unmap_host(&self, _host: *const u8) {}
+    /// Page-locks host memory that `download` will fill (faster copies than from pageable
+    /// memory); `false` if the runtime would not.
+    fn pin_host(&self, _host: *mut u8, _bytes: usize) -> bool {
+        false
+    }
+    /// Undoes `pin_host` for the host address it was given.
+    fn unpin_host(&self, _host: *mut u8) {}
     /// Device to device, ordered on the stream.
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
 

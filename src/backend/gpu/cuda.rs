@@ -140,6 +140,18 @@ impl GpuApi for CudaApi {
         }
     }
 
+    fn pin_host(&self, host: *mut u8, bytes: usize) -> bool {
+        // SAFETY: the caller keeps the bytes allocated, and unpins them before freeing.
+        self.current().is_ok() && unsafe { sys::cuMemHostRegister_v2(host as *mut c_void, bytes, 0) } == sys::CUresult::CUDA_SUCCESS
+    }
+
+    fn unpin_host(&self, host: *mut u8) {
+        if self.current().is_ok() {
+            // SAFETY: host was registered by pin_host.
+            unsafe { sys::cuMemHostUnregister(host as *mut c_void) };
+        }
+    }
+
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.current()?;
         // SAFETY: both ranges are device allocations of at least `bytes` (callers' contract).

@@ -211,6 +211,16 @@ impl GpuApi for HipApi {
         unsafe { hipHostUnregister(host as *mut c_void) };
     }
 
+    fn pin_host(&self, host: *mut u8, bytes: usize) -> bool {
+        // SAFETY: the caller keeps the bytes allocated, and unpins them before freeing.
+        self.current().is_ok() && unsafe { hipHostRegister(host as *mut c_void, bytes, 0) } == HIP_SUCCESS
+    }
+
+    fn unpin_host(&self, host: *mut u8) {
+        // SAFETY: host was registered by pin_host.
+        unsafe { hipHostUnregister(host as *mut c_void) };
+    }
+
     fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.current()?;
         // SAFETY: copies from pageable memory are staged before the call returns.

@@ -30,7 +30,7 @@ pub mod image_choice;
 mod moe;
 mod repack;
 
-use super::{AttentionShape, Backend, Error, KvBlocks, Result, ResultExt, RopeScaling, RopeStyle, Weight, WeightOf};
+use super::{AttentionShape, Backend, Error, HostBuffer, KvBlocks, Result, ResultExt, RopeScaling, RopeStyle, Unpin, Weight, WeightOf};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernel_registry::{self, shape_class};
 use crate::model::HParams;
@@ -1607,6 +1607,14 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
 
     fn alloc(&self, len: usize) -> Result<Self::Buffer> {
         self.scratch(len, Elem::F32)
+    }
+
+    fn alloc_host(&self, len: usize) -> Result<HostBuffer> {
+        let api = self.api.clone();
+        Ok(HostBuffer::pinned(len, |p, bytes| {
+            let undo: Unpin = Box::new(move |p| api.unpin_host(p));
+            self.api.pin_host(p, bytes).then_some(undo)
+        }))
     }
 
     fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer> {
