@@ -11,6 +11,7 @@
 //! `sampler`.
 
 pub mod kv;
+mod log_sum_exp;
 mod prompt_limit;
 pub mod sampler;
 mod scheduler;
