@@ -11,7 +11,8 @@
 #                         stripped, xz'd cuda builds (civetta after = this tree, before =
 #                         BEFORE_BIN, batch_decode_bench), sm_90 PTX, this script as run.sh
 #        (GPU machine):   bash .gpu/14/run.sh        env: OUT (summary.md and serving-14.tgz of
-#                         every report and log), ROUNDS (4)
+#                         every report and log), ROUNDS (4), MODELS ("dense moe"; also "gptoss":
+#                         an 8-layer gpt-oss-20b-shaped MXFP4 model, vocab 201,088)
 set -uo pipefail
 
 if [[ "${1:-}" == prepare ]]; then
@@ -52,16 +53,27 @@ lscpu | grep -E "Model name|^CPU\(s\)" >> "$O/gpu.txt"
 cat "$O/gpu.txt"
 
 # Models (files left by an earlier call on the same warm machine are reused).
+MODELS=${MODELS:-dense moe}
+has() { [[ " $MODELS " == *" $1 "* ]]; }
 DENSE=$W/dense-1.4b-q8_0.gguf
 MOE=$W/q3moe-8l-q4_k.gguf
-stamp "synthesising the models"
-[[ -s $DENSE ]] || $W/civetta-after model synth --arch llama --quant q8_0 --size 1b --layers 28 --dim 1536 --ffn 8960 \
-  --heads 12 --kv-heads 2 --context 8192 -o $DENSE > "$O/synth-dense.txt" 2>&1 &
-[[ -s $MOE ]] || $W/civetta-after model synth --arch qwen3moe --quant q4_k --size 1b --layers 8 --dim 2048 --heads 32 \
+GPTOSS=$W/gptoss-8l-mxfp4.gguf
+stamp "synthesising the models: $MODELS"
+# gpt-oss: synth ties dim to heads x 64 (45 / 9 heads for gpt-oss-20b's 2880).
+has gptoss && { [[ -s $GPTOSS ]] || $W/civetta-after model synth --arch gpt-oss --quant mxfp4 --size 1b --layers 8 --dim 2880 \
+  --heads 45 --kv-heads 9 --experts 32 --experts-used 4 --expert-ffn 2880 --vocab 201088 --context 4096 -o $GPTOSS \
+  > "$O/synth-gptoss.txt" 2>&1 & }
+has dense && { [[ -s $DENSE ]] || $W/civetta-after model synth --arch llama --quant q8_0 --size 1b --layers 28 --dim 1536 --ffn 8960 \
+  --heads 12 --kv-heads 2 --context 8192 -o $DENSE > "$O/synth-dense.txt" 2>&1 & }
+has moe && { [[ -s $MOE ]] || $W/civetta-after model synth --arch qwen3moe --quant q4_k --size 1b --layers 8 --dim 2048 --heads 32 \
   --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 --context 4096 \
-  -o $MOE > "$O/synth-moe.txt" 2>&1 &
+  -o $MOE > "$O/synth-moe.txt" 2>&1 & }
 wait
-ls -la $DENSE $MOE
+paths=()
+has dense && paths+=("$DENSE")
+has moe && paths+=("$MOE")
+has gptoss && paths+=("$GPTOSS")
+ls -la "${paths[@]}"
 
 serve() { # NAME BIN MODEL ROUND
   local name=$1 bin=$2 model=$3 round=$4 tag
@@ -78,7 +90,7 @@ serve() { # NAME BIN MODEL ROUND
   kill $pid; wait $pid 2>/dev/null
 }
 
-for model in $DENSE $MOE; do
+for model in "${paths[@]}"; do
   for r in $(seq "$ROUNDS"); do
     if (( r % 2 )); then order=(before after); else order=(after before); fi
     for name in "${order[@]}"; do
@@ -89,7 +101,7 @@ for model in $DENSE $MOE; do
 done
 
 stamp "batch_decode_bench (after build, the server's defaults)"
-for model in $DENSE $MOE; do
+for model in "${paths[@]}"; do
   timeout 120 $W/batch_decode_bench -m $model --backend cuda --kernel-dir "$K" --batches 1,16 --steps 48 \
     --batched-attention --matvec-mma --profile > "$O/batch-$(basename $model .gguf).md" 2> "$O/batch-$(basename $model .gguf).err"
   echo "rc=$? $(basename $model)"; grep -E "^\| [0-9]|profile, " "$O/batch-$(basename $model .gguf).md"
@@ -98,7 +110,10 @@ done
 python3 - "$O" "$ROUNDS" <<'PY' | tee "$O/summary.md"
 import json, sys, statistics as st
 out, rounds = sys.argv[1], int(sys.argv[2])
-for model in ("dense-1.4b-q8_0", "q3moe-8l-q4_k"):
+import glob
+for model in ("dense-1.4b-q8_0", "q3moe-8l-q4_k", "gptoss-8l-mxfp4"):
+    if not glob.glob(f"{out}/serving-{model}-*.json"):
+        continue
     print(f"\n{model}: medians of {rounds} rounds (aggregate t/s; x = of c1; ITL p50 / p99 ms; TTFT p99 ms)")
     print("| build | c1 t/s | c8 t/s | c16 t/s | c16 / c1 | c16 ITL p50 / p99 | c16 TTFT p99 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
