@@ -65,9 +65,10 @@ fn exp_block_dispatch(out: &mut [f32], v: &[f32], max: f32) {
     exp_block(out, v, max)
 }
 
-/// ln(sum_i e^(logits_i)), computed as max + ln(sum_i e^(logits_i - max)). NaN logits are
-/// skipped by the maximum. A row of -inf gives -inf.
-pub fn log_sum_exp(logits: &[f32]) -> f32 {
+/// The largest logit, NaN skipped (-inf for an empty row or one of only NaN / -inf): the
+/// maximum in 16 independent lanes, which compiles to vector max instructions (~10x the
+/// one-at-a-time loop on a 150k vocabulary). Shared with `sampler::argmax`.
+pub(super) fn max_logit(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = logits.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -76,7 +77,13 @@ pub fn log_sum_exp(logits: &[f32]) -> f32 {
             *m = if v > *m { v } else { *m };
         }
     }
-    let max = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// ln(sum_i e^(logits_i)), computed as max + ln(sum_i e^(logits_i - max)). NaN logits are
+/// skipped by the maximum. A row of -inf gives -inf.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = max_logit(logits);
     if max == f32::NEG_INFINITY {
         return max;
     }
