@@ -18,6 +18,9 @@ pub struct Sampler {
 pub struct Sampled {
     pub token: u32,
     pub logprob: f32,
+    /// The log-softmax's normaliser of the penalised logits (`logprob = logit - log_norm`),
+    /// for [`top_logprobs`] of the same logits.
+    pub log_norm: f32,
 }
 
 impl Sampler {
@@ -32,10 +35,12 @@ impl Sampler {
         if p.repetition_penalty > 0.0 && p.repetition_penalty != 1.0 {
             apply_repetition_penalty(logits, history, p.repetition_penalty, p.repetition_window);
         }
-        let logprob_of = |logits: &[f32], tok: usize| -> f32 { logits[tok] - log_sum_exp(logits) };
+        let sampled = |logits: &[f32], tok: usize| -> Sampled {
+            let log_norm = log_sum_exp(logits);
+            Sampled { token: tok as u32, logprob: logits[tok] - log_norm, log_norm }
+        };
         if p.temperature <= 0.0 {
-            let tok = argmax(logits);
-            return Sampled { token: tok as u32, logprob: logprob_of(logits, tok) };
+            return sampled(logits, argmax(logits));
         }
         // Candidates sorted by logit, descending (stable: ties keep lower ids first).
         let mut cand: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
@@ -74,18 +79,19 @@ impl Sampler {
             }
             r -= x;
         }
-        Sampled { token: chosen as u32, logprob: logprob_of(logits, chosen) }
+        sampled(logits, chosen)
     }
 }
 
 /// The `n` most likely tokens and their log-probabilities under `logits` (log-softmax),
-/// most likely first; ties keep the lower id first, like [`argmax`].
-pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<super::types::TopLogprob> {
+/// most likely first; ties keep the lower id first, like [`argmax`]. `log_norm` is the
+/// logits' [`log_sum_exp`] (`Sampled::log_norm` after sampling from them: the sampled
+/// token's logprob then agrees exactly, and the vocabulary is not summed twice).
+pub fn top_logprobs(logits: &[f32], n: usize, log_norm: f32) -> Vec<super::types::TopLogprob> {
     if n == 0 {
         return Vec::new();
     }
-    // The sampled token's logprob uses the same normaliser, so the two agree exactly.
-    let lse = log_sum_exp(logits);
+    let lse = log_norm;
     // A running top-n (n <= 20): one pass over the vocabulary, no full sort.
     let mut top: Vec<(usize, f32)> = Vec::with_capacity(n + 1);
     for (i, &l) in logits.iter().enumerate() {
@@ -222,15 +228,15 @@ mod tests {
     #[test]
     fn top_logprobs_are_the_most_likely_tokens_in_order() {
         let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
-        let top = top_logprobs(&logits, 3);
+        let top = top_logprobs(&logits, 3, log_sum_exp(&logits));
         assert_eq!(top.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 3, 2]);
         // The sampled token's logprob (greedy: id 1) is the first alternative's, bit for bit.
         let mut l = logits;
         let s = Sampler::new(SamplingParams::default()).sample(&mut l, &[]);
         assert_eq!((s.token, s.logprob.to_bits()), (1, top[0].logprob.to_bits()));
-        let p: f32 = top_logprobs(&[0.0, 0.0], 5).iter().map(|t| t.logprob.exp()).sum();
+        let p: f32 = top_logprobs(&[0.0, 0.0], 5, log_sum_exp(&[0.0, 0.0])).iter().map(|t| t.logprob.exp()).sum();
         assert!((p - 1.0).abs() < 1e-6, "{p}");
-        assert!(top_logprobs(&logits, 0).is_empty());
+        assert!(top_logprobs(&logits, 0, log_sum_exp(&logits)).is_empty());
     }
 
     #[test]

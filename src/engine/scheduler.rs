@@ -381,18 +381,12 @@ pub(super) fn purge_cancelled(inner: &Inner, queue: &mut VecDeque<Job>) {
 /// handful of small rows is quicker than waking the thread pool.
 const PARALLEL_DRAW_MIN_LOGITS: usize = 1 << 16;
 
-/// Draws the next token of each sequence `(index in active, its logits)`; in parallel when
+/// Draws the next token of each `(index in active, sequence, its logits)`; in parallel when
 /// there is enough to do (a draw is ~0.15 ms per 150k-logit row, most of it the
 /// log-softmax). Each draw reads only its own sequence and logits, so the tokens do not
 /// depend on how the draws were spread over threads. Returns (index, draw) in the order given.
-fn draw_all<B: Backend>(active: &mut [Seq<B>], to_sample: Vec<(usize, &mut [f32])>) -> Vec<(usize, Draw)> {
-    let work: usize = to_sample.iter().map(|(_, l)| l.len()).sum();
-    let mut pairs: Vec<(usize, &mut Seq<B>, &mut [f32])> = Vec::with_capacity(to_sample.len());
-    let mut seqs = active.iter_mut().enumerate();
-    for (i, l) in to_sample {
-        let s = seqs.find(|(j, _)| *j == i).map(|(_, s)| s).expect("indices ascend and are in range");
-        pairs.push((i, s, l));
-    }
+fn draw_all<B: Backend>(pairs: Vec<(usize, &mut Seq<B>, &mut [f32])>) -> Vec<(usize, Draw)> {
+    let work: usize = pairs.iter().map(|(_, _, l)| l.len()).sum();
     if pairs.len() > 1 && work >= PARALLEL_DRAW_MIN_LOGITS {
         pairs.into_par_iter().map(|(i, s, l)| (i, s.draw(l))).collect()
     } else {
@@ -457,7 +451,7 @@ fn step<B: Backend>(
     match result {
         Ok(logits) => {
             let mut logits = logits.into_iter();
-            // (index in `active`, its logits) of every sequence that samples this step.
+            // (index in `active`, the sequence, its logits) of every sequence that samples.
             let mut to_sample = Vec::with_capacity(seqs);
             for (i, (s, work)) in active.iter_mut().zip(&plan).enumerate() {
                 let Some(work) = *work else { continue };
@@ -475,9 +469,9 @@ fn step<B: Backend>(
                         }
                     }
                 }
-                to_sample.push((i, row_logits));
+                to_sample.push((i, s, row_logits));
             }
-            for (i, draw) in draw_all(active, to_sample) {
+            for (i, draw) in draw_all(to_sample) {
                 finished[i] = matches!(active[i].emit(inner, draw), StepOutcome::Finished);
             }
         }

@@ -177,7 +177,7 @@ impl<B: Backend> Seq<B> {
         let sampled = self.sampler.sample(logits, &self.history);
         // After sample(): the logits carry the repetition penalty, as the logprob does.
         let n = self.job.req.params().top_logprobs.min(super::types::MAX_TOP_LOGPROBS);
-        let top = if n > 0 { super::sampler::top_logprobs(logits, n) } else { Vec::new() };
+        let top = super::sampler::top_logprobs(logits, n, sampled.log_norm);
         Draw { token: sampled.token, logprob: sampled.logprob, top }
     }
 
