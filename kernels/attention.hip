@@ -26,6 +26,10 @@
 // civetta_attn_decode_batch_d{64,128,256}: batched decode (issue #17), one launch for T sequences
 //   of one row each: row t (q and out rows t) attends over its own cache kv[2t] (k), kv[2t + 1]
 //   (v) with S = pos[t] + 1. Grid: (Hq, T); block: 128 threads.
+// The _pos and _batch kernels also write the output as q8_1 blocks when out_q is not null
+// (cv_quantize_q8_1_block, rows of Hq * D values): the o projection's dp4a mat-vec then needs no
+// quantiser launch. With k_new / v_new (f32 rows of Hkv * D, one per sequence) they also do the
+// KV store of the new row: one launch instead of two per layer and decode step.
 // sinks (gpt-oss's attn_sinks; null for other models): one logit per query head that joins the
 // softmax's denominator as a key with a zero value would (llama.cpp's soft_max sinks): the running
 // maximum starts at it instead of -inf and exp(sink - max) is added to the sum at the end.
@@ -228,8 +232,9 @@ CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv
 }
 
 template <int D>
-CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq,
-                           int Hkv, float scale, const float* sinks) {
+CV_DEVICE void attn_decode(const float* q, cv_half* k_cache, cv_half* v_cache, float* out, int S, int Hq, int Hkv,
+                           float scale, const float* sinks, cv_i8* out_q, float* out_ds, const float* k_new,
+                           const float* v_new) {
   constexpr int kWaves = kThreads / CV_WAVE;
   constexpr int kDims = D / CV_WAVE; // dims per lane
   __shared__ float wave_acc[kWaves][D];
@@ -244,6 +249,17 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
     qv[i] = q[(long)head * D + d0 + i] * scale;
     acc[i] = 0.0f;
   }
+  // With k_new / v_new (the new row's k and v, f32 [Hkv][D]): key S - 1 is that row, rounded to
+  // f16 here as the KV store rounds it, and the first query head of each KV head stores it into
+  // the caches (civetta_kv_store_f16's arithmetic). No workgroup reads row S - 1 from the caches,
+  // so the store races with nothing, and the separate KV store launch is saved.
+  if (k_new && head % (Hq / Hkv) == 0) {
+    for (int d = (int)cv_tid_x(); d < D; d += kThreads) {
+      const long at = ((long)(S - 1) * Hkv + kv_head) * D + d;
+      k_cache[at] = (cv_half)k_new[(long)kv_head * D + d];
+      v_cache[at] = (cv_half)v_new[(long)kv_head * D + d];
+    }
+  }
   const float sink = sinks ? sinks[head] : -__builtin_inff();
   float m = sink, l = 0.0f;
   // kKeys keys per wave and step, their K and V rows loaded before any is used: a decode step
@@ -253,10 +269,18 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
     cv_half kh[kKeys][kDims], vh[kKeys][kDims];
     CV_UNROLL for (int j = 0; j < kKeys; ++j) {
       const int key = key0 + j * kWaves;
-      const long base = ((long)(key < S ? key : key0) * Hkv + kv_head) * D + d0;
-      CV_UNROLL for (int i = 0; i < kDims; ++i) {
-        kh[j][i] = k_cache[base + i];
-        vh[j][i] = v_cache[base + i];
+      const int row = key < S ? key : key0; // keys past S reload a valid row (their weight is 0)
+      const long base = ((long)row * Hkv + kv_head) * D + d0;
+      if (k_new && row == S - 1) {
+        CV_UNROLL for (int i = 0; i < kDims; ++i) {
+          kh[j][i] = (cv_half)k_new[(long)kv_head * D + d0 + i];
+          vh[j][i] = (cv_half)v_new[(long)kv_head * D + d0 + i];
+        }
+      } else {
+        CV_UNROLL for (int i = 0; i < kDims; ++i) {
+          kh[j][i] = k_cache[base + i];
+          vh[j][i] = v_cache[base + i];
+        }
       }
     }
     float s[kKeys];
@@ -294,10 +318,17 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
   }
   if (sinks) l_all += cv_exp(sink - m_all);
   const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  // Whole waves take each round (D and kThreads are multiples of 32), so with out_q each wave
+  // quantises the block of 32 outputs it just wrote.
   for (int d = (int)cv_tid_x(); d < D; d += kThreads) {
     float o = 0.0f;
     CV_UNROLL for (int w = 0; w < kWaves; ++w) o += wave_acc[w][d] * weight[w];
-    out[(long)head * D + d] = o * inv;
+    const float v = o * inv;
+    out[(long)head * D + d] = v;
+    if (out_q) {
+      const long block = ((long)head * D + d) / 32;
+      cv_quantize_q8_1_block(v, out_q + block * 32, out_ds + block * 2);
+    }
   }
 }
 
@@ -312,19 +343,23 @@ CV_DEVICE void attn_decode(const float* q, const cv_half* k_cache, const cv_half
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
       float scale, const float* sinks) {                                                                         \
-    attn_decode<D>(q, k_cache, v_cache, out, S, Hq, Hkv, scale, sinks);                                          \
+    attn_decode<D>(q, (cv_half*)k_cache, (cv_half*)v_cache, out, S, Hq, Hkv, scale, sinks, nullptr, nullptr,     \
+                   nullptr, nullptr);                                                                            \
   }                                                                                                              \
-  /* The same with S = pos[0] + 1 read on the device: decode graphs replay it unchanged. */                     \
+  /* The same with S = pos[0] + 1 read on the device: decode graphs replay it unchanged. out_q, out_ds */       \
+  /* (or null): the output also as q8_1 blocks; k_new, v_new (or null): the new row, stored here. */            \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_pos_d##D(                                        \
-      const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv, \
-      float scale, const float* sinks) {                                                                         \
-    attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale, sinks);                                 \
+      const float* q, cv_half* k_cache, cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv,           \
+      float scale, const float* sinks, cv_i8* out_q, float* out_ds, const float* k_new, const float* v_new) {    \
+    attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale, sinks, out_q, out_ds, k_new, v_new);    \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_batch_d##D(                                      \
-      const float* q, const cv_half* const* kv, float* out, const int* pos, int Hq, int Hkv, float scale) {     \
+      const float* q, cv_half* const* kv, float* out, const int* pos, int Hq, int Hkv, float scale,              \
+      cv_i8* out_q, float* out_ds, const float* k_new, const float* v_new) {                                     \
     const long t = cv_bid_y();                                                                                   \
     attn_decode<D>(q + t * Hq * D, kv[2 * t], kv[2 * t + 1], out + t * Hq * D, pos[t] + 1, Hq, Hkv, scale,       \
-                   nullptr);                                                                                     \
+                   nullptr, out_q ? out_q + t * Hq * D : nullptr, out_ds ? out_ds + t * Hq * D / 16 : nullptr,   \
+                   k_new ? k_new + t * Hkv * D : nullptr, v_new ? v_new + t * Hkv * D : nullptr);                \
   }
 
 CIVETTA_ATTN(64)

@@ -98,6 +98,21 @@ CV_DEVICE float cv_wave_max(float v) {
   for (unsigned m = CV_WAVE / 2; m > 0; m >>= 1) v = __builtin_fmaxf(v, cv_shfl_xor(v, m));
   return v;
 }
+// One q8_1 block per wave (CV_WAVE == 32): lane l's value v becomes q[l] = rint(v * 127 / amax)
+// and lane 0 writes ds = (d, d * sum q) with d = amax / 127 (s sums the quantised values, not x:
+// Q4_K's min term then uses the same input as its scale term). The arithmetic of every q8_1
+// producer (civetta_quantize_q8_1, civetta_rmsnorm_q8_1, the decode attention's output), so
+// their blocks are bit for bit the same for the same v.
+CV_DEVICE void cv_quantize_q8_1_block(float v, cv_i8* q, float* ds) {
+  const float amax = cv_wave_max(__builtin_fabsf(v));
+  const float qv = __builtin_rintf(v * (amax > 0.0f ? 127.0f / amax : 0.0f));
+  const float sum = cv_wave_sum(qv);
+  q[cv_lane()] = (cv_i8)qv;
+  if (cv_lane() == 0) {
+    ds[0] = amax / 127.0f;
+    ds[1] = amax / 127.0f * sum;
+  }
+}
 // Sum over groups of `width` adjacent lanes (width a power of two <= CV_WAVE).
 // Keeps a uniform int in a vector register on AMD (a no-op elsewhere). For offsets that would
 // otherwise be hoisted into scalar registers many at a time: the 16-row mat-vecs' per-row

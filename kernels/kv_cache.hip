@@ -18,17 +18,3 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_kv_store_f16(const float* k, const 
   cv_half* dst = is_v ? v_cache : k_cache;
   dst[(long)pos[t] * kv_dim + i] = (cv_half)src[t * kv_dim + i];
 }
-
-// Batched decode (issue #17): one row per sequence, each sequence with its own cache.
-//   kv[2t], kv[2t + 1]: the k and v cache of the sequence of row t; its row goes to pos[t].
-// Grid: (ceil(kv_dim/256), T, 2), as above.
-CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_kv_store_batch_f16(const float* k, const float* v, cv_half* const* kv,
-                                                                  const int* pos, int kv_dim) {
-  const int i = (int)(cv_bid_x() * 256 + cv_tid_x());
-  if (i >= kv_dim) return;
-  const long t = cv_bid_y();
-  const int is_v = cv_bid_z() != 0 ? 1 : 0;
-  const float* src = is_v ? v : k;
-  cv_half* dst = kv[2 * t + is_v];
-  dst[(long)pos[t] * kv_dim + i] = (cv_half)src[t * kv_dim + i];
-}

@@ -35,16 +35,5 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_q8_1(const float* x, const
   } else if (up) {
     v = v * cv_rcp(1.0f + cv_exp(-v)) * up[i]; // the arithmetic of civetta_silu_mul
   }
-  const float amax = cv_wave_max(__builtin_fabsf(v));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const float qv = __builtin_rintf(v * inv);
-  // s is the sum of the quantised values (d * sum q), not of x: Q4_K's min term then uses the
-  // same input as its scale term, so the dot product is exactly W . dequant(q) like the CPU's
-  // (with the float sum, the two terms' rounding errors do not cancel: 2e-2 relative error).
-  const float sum = cv_wave_sum(qv);
-  q[i] = (cv_i8)qv;
-  if (cv_lane() == 0) {
-    ds[2 * block] = amax / 127.0f;
-    ds[2 * block + 1] = amax / 127.0f * sum;
-  }
+  cv_quantize_q8_1_block(v, q + block * 32, ds + 2 * block);
 }

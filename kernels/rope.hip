@@ -10,17 +10,13 @@
 #include "civetta_gpu.h"
 
 namespace {
+// Rotates pair i of the head at h (position `pos`).
 template <bool NEOX>
-CV_DEVICE void rope(float* x, const int* pos, int heads, int head_dim, int n_rot, float freq_base, float freq_scale,
-                    float ext_factor, float magnitude, float corr_low, float corr_high) {
+CV_DEVICE void rope_pair(float* h, int pos, int i, int n_rot, float freq_base, float freq_scale, float ext_factor,
+                         float magnitude, float corr_low, float corr_high) {
   const int pairs = n_rot / 2;
-  const int p = (int)(cv_bid_x() * 256 + cv_tid_x());
-  if (p >= heads * pairs) return;
-  const int head = p / pairs, i = p % pairs;
-  const long token = cv_bid_y();
-  float* h = x + (token * heads + head) * head_dim;
   // freq_base^(-2i/n_rot) = 2^(-2i/n_rot * log2(freq_base))
-  const float theta_extrap = (float)pos[token] * cv_exp2(-2.0f * (float)i / (float)n_rot * cv_log2(freq_base));
+  const float theta_extrap = (float)pos * cv_exp2(-2.0f * (float)i / (float)n_rot * cv_log2(freq_base));
   float theta = freq_scale * theta_extrap;
   if (ext_factor != 0.0f) {
     const float ramp = 1.0f - __builtin_fminf(1.0f, __builtin_fmaxf(0.0f, ((float)i - corr_low) / __builtin_fmaxf(0.001f, corr_high - corr_low)));
@@ -36,6 +32,34 @@ CV_DEVICE void rope(float* x, const int* pos, int heads, int head_dim, int n_rot
   h[a] = x0 * c - x1 * s;
   h[b] = x0 * s + x1 * c;
 }
+
+template <bool NEOX>
+CV_DEVICE void rope(float* x, const int* pos, int heads, int head_dim, int n_rot, float freq_base, float freq_scale,
+                    float ext_factor, float magnitude, float corr_low, float corr_high) {
+  const int pairs = n_rot / 2;
+  const int p = (int)(cv_bid_x() * 256 + cv_tid_x());
+  if (p >= heads * pairs) return;
+  const int head = p / pairs, i = p % pairs;
+  const long token = cv_bid_y();
+  rope_pair<NEOX>(x + (token * heads + head) * head_dim, pos[token], i, n_rot, freq_base, freq_scale, ext_factor,
+                  magnitude, corr_low, corr_high);
+}
+
+// q (q_heads per row) and k (k_heads per row) of the same rows in one launch: pairs
+// 0 .. q_heads*pairs-1 rotate q, the rest k, each exactly as `rope` would.
+template <bool NEOX>
+CV_DEVICE void rope_qk(float* q, float* k, const int* pos, int q_heads, int k_heads, int head_dim, int n_rot,
+                       float freq_base, float freq_scale, float ext_factor, float magnitude, float corr_low,
+                       float corr_high) {
+  const int pairs = n_rot / 2;
+  const int p = (int)(cv_bid_x() * 256 + cv_tid_x());
+  if (p >= (q_heads + k_heads) * pairs) return;
+  const int head = p / pairs, i = p % pairs;
+  const long token = cv_bid_y();
+  float* h = head < q_heads ? q + (token * q_heads + head) * head_dim
+                            : k + (token * k_heads + (head - q_heads)) * head_dim;
+  rope_pair<NEOX>(h, pos[token], i, n_rot, freq_base, freq_scale, ext_factor, magnitude, corr_low, corr_high);
+}
 } // namespace
 
 CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rope_norm(float* x, const int* pos, int heads, int head_dim, int n_rot,
@@ -47,4 +71,21 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rope_neox(float* x, const int* pos,
                                                          float freq_base, float freq_scale, float ext_factor,
                                                          float magnitude, float corr_low, float corr_high) {
   rope<true>(x, pos, heads, head_dim, n_rot, freq_base, freq_scale, ext_factor, magnitude, corr_low, corr_high);
+}
+
+// RoPE of q and k in one launch (decode's launch count): grid (ceil((q_heads + k_heads) *
+// n_rot/2 / 256), tokens); the same numbers as civetta_rope_{norm,neox} on each.
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rope_qk_norm(float* q, float* k, const int* pos, int q_heads, int k_heads,
+                                                            int head_dim, int n_rot, float freq_base, float freq_scale,
+                                                            float ext_factor, float magnitude, float corr_low,
+                                                            float corr_high) {
+  rope_qk<false>(q, k, pos, q_heads, k_heads, head_dim, n_rot, freq_base, freq_scale, ext_factor, magnitude, corr_low,
+                 corr_high);
+}
+CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rope_qk_neox(float* q, float* k, const int* pos, int q_heads, int k_heads,
+                                                            int head_dim, int n_rot, float freq_base, float freq_scale,
+                                                            float ext_factor, float magnitude, float corr_low,
+                                                            float corr_high) {
+  rope_qk<true>(q, k, pos, q_heads, k_heads, head_dim, n_rot, freq_base, freq_scale, ext_factor, magnitude, corr_low,
+                corr_high);
 }

@@ -71,6 +71,11 @@ pub struct RopeScaling {
     pub corr_dims: [f32; 2],
 }
 
+impl RopeScaling {
+    /// No scaling: plain RoPE's numbers, bit for bit.
+    pub const IDENTITY: RopeScaling = RopeScaling { freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, corr_dims: [0.0, 0.0] };
+}
+
 /// Geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -286,6 +291,33 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (x, positions, n_heads, head_dim, freq_base, style, scaling);
         Err(Error::unsupported(self.name(), "RoPE scaling (linear / YaRN)"))
     }
+    /// `rope` (or `rope_scaled` with `scaling`) of q's `n_head` and k's `n_head_kv` heads, the
+    /// same rows and positions: one call where the backend can (one launch on the GPU, where
+    /// decode pays per launch). The same numbers as the two calls, which is the default.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        positions: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: Option<RopeScaling>,
+    ) -> Result<()> {
+        match scaling {
+            None => {
+                self.rope(q, positions, n_head, head_dim, freq_base, style)?;
+                self.rope(k, positions, n_head_kv, head_dim, freq_base, style)
+            }
+            Some(s) => {
+                self.rope_scaled(q, positions, n_head, head_dim, freq_base, style, s)?;
+                self.rope_scaled(k, positions, n_head_kv, head_dim, freq_base, style, s)
+            }
+        }
+    }
     /// Copies `n_tokens` rows of k and v (each `kv_dim` wide), starting at row `src_row` (a
     /// sequence's rows in a batch), into the caches at row `start_pos`.
     #[allow(clippy::too_many_arguments)]
@@ -408,6 +440,30 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         let _ = (q, k_cache, v_cache, blocks, shape, sinks, out);
         Err(Error::unsupported(self.name(), "attention sinks (gpt-oss)"))
+    }
+    /// One sequence's `kv_store` of its new rows (`shape.first_row`, `shape.n_tokens` rows of k and
+    /// v, to cache row `shape.start_pos`) followed by its `attention` (`attention_with_sinks` when
+    /// `sinks` is given) over its contiguous caches: one call where the backend can do both in
+    /// one launch (GPU decode, where a step pays per launch). The same numbers as the two calls,
+    /// which is the default.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_store_attention(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
+        shape: AttentionShape,
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let kv_dim = shape.n_head_kv * shape.head_dim;
+        self.kv_store(k, v, k_cache, v_cache, shape.first_row, shape.start_pos, shape.n_tokens, kv_dim)?;
+        match sinks {
+            Some(s) => self.attention_with_sinks(q, k_cache, v_cache, KvBlocks::CONTIGUOUS, shape, s, out),
+            None => self.attention(q, k_cache, v_cache, shape, out),
+        }
     }
     /// gate = silu(gate) * up over n elements.
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()>;

@@ -551,17 +551,8 @@ impl<B: Backend> Model<B> {
                 be.rmsnorm_inplace(q, qn, n * hp.n_head, hp.head_dim, hp.rms_eps)?;
                 be.rmsnorm_inplace(k, kn, n * hp.n_head_kv, hp.head_dim, hp.rms_eps)?;
             }
-            let (style, rope_base) = (hp.arch.rope_style(), hp.layer_rope_base(li));
-            match hp.layer_rope_scaling(li) {
-                None => {
-                    be.rope(q, &positions, hp.n_head, hp.head_dim, rope_base, style)?;
-                    be.rope(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style)?;
-                }
-                Some(scaling) => {
-                    be.rope_scaled(q, &positions, hp.n_head, hp.head_dim, rope_base, style, scaling)?;
-                    be.rope_scaled(k, &positions, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
-                }
-            }
+            let (style, rope_base, scaling) = (hp.arch.rope_style(), hp.layer_rope_base(li), hp.layer_rope_scaling(li));
+            be.rope_qk(q, k, &positions, hp.n_head, hp.n_head_kv, hp.head_dim, rope_base, style, scaling)?;
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
             let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att)?;
@@ -581,13 +572,7 @@ impl<B: Backend> Model<B> {
                 };
                 let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
-                    KvStorage::Own { k: kc, v: vc } => {
-                        be.kv_store(k, v, &mut kc[li], &mut vc[li], row, start, len, kvd)?;
-                        match sinks {
-                            Some(sinks) => be.attention_with_sinks(q, &kc[li], &vc[li], KvBlocks::CONTIGUOUS, shape, sinks, att)?,
-                            None => be.attention(q, &kc[li], &vc[li], shape, att)?,
-                        }
-                    }
+                    KvStorage::Own { k: kc, v: vc } => be.kv_store_attention(q, k, v, &mut kc[li], &mut vc[li], shape, sinks, att)?,
                     KvStorage::Paged { blocks, block_size, .. } => {
                         let p = pool.as_deref_mut().expect("checked above");
                         let table = match (local_table, shape.window) {

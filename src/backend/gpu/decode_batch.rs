@@ -1,18 +1,18 @@
-//! Batched decode attention (issue #17): one KV store and one attention launch for all the
-//! sequences of a decode step (one row each), instead of two launches per sequence and layer.
-//! At 16 sequences that is 2 launches per layer instead of 32, which is most of a batched
-//! step's launches once the mat-vecs read their weights once for all rows
+//! Batched decode attention (issue #17): one launch for all the sequences of a decode step (one
+//! row each) that stores their new k and v rows and attends, instead of two launches per
+//! sequence and layer. At 16 sequences that is 1 launch per layer instead of 32, which is most
+//! of a batched step's launches once the mat-vecs read their weights once for all rows
 //! (kernels/matvec_dp4a.hip's `_x8` / `_x16` builds).
 //!
-//! The kernels (`kv_store_batch_f16` in kernels/kv_cache.hip, `attn_decode_batch_d*` in
-//! kernels/attention.hip) find each sequence's caches in a device table of pointers
-//! (k0, v0, k1, v1, ...) and its position in the positions buffer RoPE reads. A table is made
-//! once per distinct list of caches (a layer of a set of sequences) and kept, so the launches
-//! of a step are the same from token to token and its decode graph replays.
+//! The kernel (`attn_decode_batch_d*` in kernels/attention.hip) finds each sequence's caches in
+//! a device table of pointers (k0, v0, k1, v1, ...) and its position in the positions buffer
+//! RoPE reads. A table is made once per distinct list of caches (a layer of a set of sequences)
+//! and kept, so the launches of a step are the same from token to token and its decode graph
+//! replays.
 
 use super::api::DevicePtr;
 use super::Args;
-use super::{AttentionShape, DevBuf, GpuApi, GpuBackend, GpuBuffer};
+use super::{AttentionShape, DevBuf, FreshQ8, GpuApi, GpuBackend, GpuBuffer};
 use crate::backend::{Result, ResultExt};
 use std::collections::HashMap;
 
@@ -41,10 +41,11 @@ impl<A: GpuApi> GpuBackend<A> {
         s: AttentionShape,
         out: &GpuBuffer,
     ) -> Result<bool> {
-        let (store, attend) = match s.head_dim {
-            64 => ("kv_store_batch_f16", "attn_decode_batch_d64"),
-            128 => ("kv_store_batch_f16", "attn_decode_batch_d128"),
-            256 => ("kv_store_batch_f16", "attn_decode_batch_d256"),
+        // The attention kernel also stores each row's k and v into its sequence's caches.
+        let attend = match s.head_dim {
+            64 => "attn_decode_batch_d64",
+            128 => "attn_decode_batch_d128",
+            256 => "attn_decode_batch_d256",
             _ => return Ok(false),
         };
         if !self.batched_attention || caches.is_empty() || caches.len() != start_pos.len() {
@@ -61,15 +62,31 @@ impl<A: GpuApi> GpuBackend<A> {
         let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [kc.mem.ptr, vc.mem.ptr]).collect();
         let table = self.kv_table(ptrs)?;
         let n = caches.len();
-        let kv_dim = s.n_head_kv * s.head_dim;
-        self.launch(store, n, [kv_dim.div_ceil(256), n, 2], Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(table).ptr(pos).i32(kv_dim))?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
+        // The output also as the o projection's q8_1 input, where its mat-vec takes that.
+        let width = s.n_head * s.head_dim;
+        let out_q8 = self.decode_out_q8(n, width)?;
+        let (qp, dsp) = out_q8.as_ref().map_or((0, 0), |(xq, xds)| (xq.ptr, xds.mem.ptr));
         self.launch(
             attend,
             n,
             [s.n_head, n, 1],
-            Args::default().ptr(q.mem.ptr).ptr(table).ptr(out.mem.ptr).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale),
+            Args::default()
+                .ptr(q.mem.ptr)
+                .ptr(table)
+                .ptr(out.mem.ptr)
+                .ptr(pos)
+                .i32(s.n_head)
+                .i32(s.n_head_kv)
+                .f32(scale)
+                .ptr(qp)
+                .ptr(dsp)
+                .ptr(k.mem.ptr)
+                .ptr(v.mem.ptr),
         )?;
+        if let Some((xq, xds)) = out_q8 {
+            *self.fresh_q8.lock() = Some(FreshQ8 { x: out.mem.ptr, len: n * width, q: xq, ds: xds });
+        }
         Ok(true)
     }
 

@@ -46,17 +46,27 @@ pub const MAX_GRAPHS: usize = 16;
 /// Tape hashes remembered as seen once (capture happens on the second sighting).
 const MAX_SEEN: usize = 32;
 
-/// A captured tape: the plain graph and, once asked for, a timed one with an event pair
-/// around every launch (the events belong to the entry, so the graph stays valid).
+/// A captured tape: the plain graph and, once asked for, a timed one (the events belong to the
+/// entry, so the graph stays valid).
 pub struct GraphEntry {
     pub hash: u64,
     pub ops: Vec<Op>,
     pub plain: GraphHandle,
-    pub timed: Option<(GraphHandle, Vec<(EventHandle, EventHandle)>)>,
+    pub timed: Option<TimedGraph>,
     /// Replays so far (timed replays are every `sample_every`-th).
     pub replays: u64,
     /// Launches per (kernel, shape class), counted into the registry once per replay.
     pub calls: Vec<(&'static str, &'static str, u64)>,
+}
+
+/// The tape captured with an event before its first op and one after every op: op j runs
+/// between `events[j]` and `events[j + 1]`. One event between two launches instead of a pair
+/// around each halves the event nodes, which are what a timed replay costs over a plain one;
+/// a launch's time is then measured from the previous op's end, so it includes the gap
+/// between the two launches (which a graph keeps to the device's launch latency).
+pub struct TimedGraph {
+    pub graph: GraphHandle,
+    pub events: Vec<EventHandle>,
 }
 
 /// Launches per (kernel, shape class) of a tape, in first-seen order.

@@ -37,7 +37,7 @@ use crate::model::HParams;
 use crate::quant;
 use anyhow::{bail, Context};
 use api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
-use graph::{Decision, GraphCache, GraphEntry, LaunchOp, Op};
+use graph::{Decision, GraphCache, GraphEntry, LaunchOp, Op, TimedGraph};
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -202,11 +202,11 @@ impl MatvecFamily {
     }
 }
 
-/// The q8_1 copy of a buffer that an RMSNorm launch has just written (`rmsnorm_q8_1`), for the
-/// dp4a mat-vec that reads the buffer next. Any other launch or copy drops it first, so it is
-/// never used once the buffer could have changed.
+/// The q8_1 copy of a buffer that the launch just queued wrote beside it (`rmsnorm_q8_1`, a
+/// decode attention with `out_q`), for the dp4a mat-vec that reads the buffer next. Any other
+/// launch or copy drops it first, so it is never used once the buffer could have changed.
 struct FreshQ8 {
-    /// The normalised buffer and its length in values.
+    /// The f32 buffer and its length in values.
     x: DevicePtr,
     len: usize,
     q: DevBuf,
@@ -360,7 +360,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
         ],
     ),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
-    ("kv_cache", &[("kv_store_f16", 256), ("kv_store_batch_f16", 256)]),
+    ("kv_cache", &[("kv_store_f16", 256)]),
     (
         "matvec",
         &[
@@ -428,9 +428,9 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("moe_matvec_q4k_g128", 128),
         ],
     ),
-    ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 256)]),
+    ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 1024)]),
     ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
-    ("rope", &[("rope_norm", 256), ("rope_neox", 256)]),
+    ("rope", &[("rope_norm", 256), ("rope_neox", 256), ("rope_qk_norm", 256), ("rope_qk_neox", 256)]),
 ];
 
 #[derive(Clone, Copy)]
@@ -578,7 +578,6 @@ struct Positions {
 fn reads_positions(kernel: &str) -> bool {
     kernel.starts_with("rope_")
         || kernel == "kv_store_f16"
-        || kernel == "kv_store_batch_f16"
         || kernel.starts_with("attn_decode_pos")
         || kernel.starts_with("attn_decode_batch")
 }
@@ -927,24 +926,21 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
-    /// Captures `ops` into a graph; with `events`, an event pair around each launch.
-    fn capture(&self, ops: &[Op], events: Option<&[(EventHandle, EventHandle)]>) -> Result<GraphHandle> {
+    /// Captures `ops` into a graph; with `events` (ops.len() + 1 of them), `events[0]` before
+    /// the first op and `events[j + 1]` after op j (`graph::TimedGraph`).
+    fn capture(&self, ops: &[Op], events: Option<&[EventHandle]>) -> Result<GraphHandle> {
         self.api.capture_begin()?;
-        let mut pairs = events.map(|e| e.iter());
         let queued = (|| -> Result<()> {
-            for op in ops {
+            if let Some(e) = events {
+                self.api.event_record_captured(e[0])?;
+            }
+            for (j, op) in ops.iter().enumerate() {
                 match op {
-                    Op::Launch(l) => {
-                        let pair = pairs.as_mut().and_then(|it| it.next().copied());
-                        if let Some((start, _)) = pair {
-                            self.api.event_record_captured(start)?;
-                        }
-                        self.queue(l)?;
-                        if let Some((_, end)) = pair {
-                            self.api.event_record_captured(end)?;
-                        }
-                    }
+                    Op::Launch(l) => self.queue(l)?,
                     Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
+                }
+                if let Some(e) = events {
+                    self.api.event_record_captured(e[j + 1])?;
                 }
             }
             Ok(())
@@ -971,26 +967,20 @@ impl<A: GpuApi> GpuBackend<A> {
         let timed = timing_ok && every.is_some_and(|n| e.replays.is_multiple_of(n)) && !self.pending.lock().iter().any(|p| p.graph_owned);
         e.replays += 1;
         graphs.replays += 1;
-        let launches = || {
-            e.ops.iter().filter_map(|op| match op {
-                Op::Launch(l) => Some(l),
-                Op::Copy { .. } => None,
-            })
-        };
         if timed && e.timed.is_none() {
-            let mut events = Vec::new();
-            for _ in launches() {
-                events.push((self.api.event_create()?, self.api.event_create()?));
-            }
-            let g = self.capture(&e.ops, Some(&events))?;
-            e.timed = Some((g, events));
+            let events = (0..=e.ops.len()).map(|_| self.api.event_create()).collect::<Result<Vec<_>>>()?;
+            let graph = self.capture(&e.ops, Some(&events))?;
+            e.timed = Some(TimedGraph { graph, events });
         }
         match (&e.timed, timed) {
-            (Some((g, events)), true) => {
-                self.api.graph_launch(*g)?;
+            (Some(t), true) => {
+                self.api.graph_launch(t.graph)?;
                 let mut pending = self.pending.lock();
-                for (l, &(start, end)) in launches().zip(events) {
-                    pending.push(PendingTiming { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
+                for (j, op) in e.ops.iter().enumerate() {
+                    if let Op::Launch(l) = op {
+                        let (start, end) = (t.events[j], t.events[j + 1]);
+                        pending.push(PendingTiming { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
+                    }
                 }
             }
             _ => self.api.graph_launch(e.plain)?,
@@ -1005,11 +995,10 @@ impl<A: GpuApi> GpuBackend<A> {
 
     fn destroy_graph(&self, e: GraphEntry) {
         self.api.graph_destroy(e.plain);
-        if let Some((g, events)) = e.timed {
-            self.api.graph_destroy(g);
-            for (a, b) in events {
-                self.api.event_destroy(a);
-                self.api.event_destroy(b);
+        if let Some(t) = e.timed {
+            self.api.graph_destroy(t.graph);
+            for ev in t.events {
+                self.api.event_destroy(ev);
             }
         }
     }
@@ -1206,7 +1195,10 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// Attention of `s` over one sequence's contiguous caches (kernels/attention.hip), with
-    /// per-head sinks at `sinks` (0: none).
+    /// per-head sinks at `sinks` (0: none). With `new_rows` = (k, v), the sequence's new rows are
+    /// stored into the caches first (`Backend::kv_store_attention`): by the decode kernel itself
+    /// where it runs, else by `kv_store`.
+    #[allow(clippy::too_many_arguments)]
     fn attention_dev(
         &self,
         q: &GpuBuffer,
@@ -1214,6 +1206,7 @@ impl<A: GpuApi> GpuBackend<A> {
         v_cache: &GpuBuffer,
         s: AttentionShape,
         sinks: DevicePtr,
+        new_rows: Option<(&GpuBuffer, &GpuBuffer)>,
         out: &mut GpuBuffer,
     ) -> Result<()> {
         let scale = 1.0 / (s.head_dim as f32).sqrt();
@@ -1240,14 +1233,43 @@ impl<A: GpuApi> GpuBackend<A> {
             (Some(_), None) if s.n_tokens == 1 => self.positions_at(s.first_row, s.start_pos, 1),
             _ => None,
         };
+        let kv_dim = s.n_head_kv * s.head_dim;
         if let (Some(pos), Some(decode_pos)) = (pos, decode_pos) {
+            // The new row's k and v, stored by the kernel.
+            let row = (s.first_row * kv_dim * 4) as u64;
+            let (k_new, v_new) = new_rows.map_or((0, 0), |(k, v)| (k.mem.ptr + row, v.mem.ptr + row));
+            // The batch's first row: the output may be all of the o projection's input.
+            let width = s.n_head * s.head_dim;
+            let out_q8 = if s.first_row == 0 { self.decode_out_q8(1, width)? } else { None };
+            let (qp, dsp) = out_q8.as_ref().map_or((0, 0), |(xq, xds)| (xq.ptr, xds.mem.ptr));
             self.launch(
                 decode_pos,
                 1,
                 [s.n_head, 1, 1],
-                Args::default().ptr(q).ptr(kc).ptr(vc).ptr(o).ptr(pos).i32(s.n_head).i32(s.n_head_kv).f32(scale).ptr(sinks),
-            )
-        } else if s.n_tokens == 1 {
+                Args::default()
+                    .ptr(q)
+                    .ptr(kc)
+                    .ptr(vc)
+                    .ptr(o)
+                    .ptr(pos)
+                    .i32(s.n_head)
+                    .i32(s.n_head_kv)
+                    .f32(scale)
+                    .ptr(sinks)
+                    .ptr(qp)
+                    .ptr(dsp)
+                    .ptr(k_new)
+                    .ptr(v_new),
+            )?;
+            if let Some((xq, xds)) = out_q8 {
+                *self.fresh_q8.lock() = Some(FreshQ8 { x: o, len: width, q: xq, ds: xds });
+            }
+            return Ok(());
+        }
+        if let Some((k, v)) = new_rows {
+            self.kv_store_dev(k, v, k_cache, v_cache, s.first_row, s.start_pos, s.n_tokens, kv_dim)?;
+        }
+        if s.n_tokens == 1 {
             // A sliding window on decode: the query sees the last `window` keys, so the kernel
             // gets the caches from the window's first key on (f16, n_head_kv * head_dim wide).
             let first_key = s.window.map_or(0, |w| keys.saturating_sub(w));
@@ -1290,6 +1312,68 @@ impl<A: GpuApi> GpuBackend<A> {
         }
     }
 
+    /// `Backend::kv_store` on the device buffers (also `attention_dev`'s store).
+    #[allow(clippy::too_many_arguments)]
+    fn kv_store_dev(
+        &self,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        k_cache: &GpuBuffer,
+        v_cache: &GpuBuffer,
+        src_row: usize,
+        start_pos: usize,
+        n_tokens: usize,
+        kv_dim: usize,
+    ) -> Result<()> {
+        let n = n_tokens * kv_dim;
+        let off = (start_pos * kv_dim * 2) as u64;
+        let src_off = (src_row * kv_dim * 4) as u64;
+        if let Some(pos) = self.positions_at(src_row, start_pos, n_tokens) {
+            // The cache rows come from the positions on the device: one launch for k and v,
+            // the same arguments at every decode step.
+            return self.launch(
+                "kv_store_f16",
+                n_tokens,
+                [kv_dim.div_ceil(256), n_tokens, 2],
+                Args::default()
+                    .ptr(k.mem.ptr + src_off)
+                    .ptr(v.mem.ptr + src_off)
+                    .ptr(k_cache.mem.ptr)
+                    .ptr(v_cache.mem.ptr)
+                    .ptr(pos)
+                    .i32(kv_dim),
+            );
+        }
+        for (src, dst) in [(k, k_cache), (v, v_cache)] {
+            debug_assert_eq!(dst.elem, Elem::F16);
+            self.launch(
+                "f32_to_f16",
+                n_tokens,
+                [n.div_ceil(256), 1, 1],
+                Args::default().ptr(src.mem.ptr + src_off).ptr(dst.mem.ptr + off).i32(n),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// gpt-oss's per-head sinks on the device, checked against the heads.
+    fn sinks_on_device(&self, sinks: &[f32], shape: AttentionShape) -> Result<DevicePtr> {
+        if sinks.len() != shape.n_head {
+            return Err(Error::invalid(self.be(), format!("{} attention sinks for {} heads", sinks.len(), shape.n_head)));
+        }
+        self.host_vector_on_device(sinks)
+    }
+
+    /// q8_1 buffers for `rows` rows of `width` that a decode kernel writes beside its f32 output
+    /// (RMSNorm, attention) for the dp4a mat-vec that reads that output next (the caller marks
+    /// them fresh), or None where that mat-vec would not take them.
+    fn decode_out_q8(&self, rows: usize, width: usize) -> Result<Option<(DevBuf, GpuBuffer)>> {
+        if !matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) || rows > self.dp4a_max_rows || !width.is_multiple_of(32) {
+            return Ok(None);
+        }
+        Ok(Some((self.pooled_alloc(rows * width)?, self.scratch(rows * width / 16, Elem::F32)?)))
+    }
+
     /// A device copy of a small per-layer host vector (attention sinks, a router bias), uploaded
     /// on first use and kept by its contents: a model's layers pass the same vectors at every step.
     pub(super) fn host_vector_on_device(&self, v: &[f32]) -> Result<DevicePtr> {
@@ -1304,11 +1388,13 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// RoPE (plain, linear or YaRN scaling: kernels/rope.hip) of `n_heads` heads in each row,
-    /// the positions uploaded once per distinct list (decode graphs read them at a fixed address).
+    /// and with `k` = (buffer, its heads) of k's heads in the same launch (`rope_qk_*`); the
+    /// positions uploaded once per distinct list (decode graphs read them at a fixed address).
     #[allow(clippy::too_many_arguments)]
     fn rope_dev(
         &self,
         x: &mut GpuBuffer,
+        k: Option<(&mut GpuBuffer, usize)>,
         positions: &[u32],
         n_heads: usize,
         head_dim: usize,
@@ -1347,17 +1433,21 @@ impl<A: GpuApi> GpuBackend<A> {
         if scaling.ext_factor != 0.0 {
             magnitude *= 1.0 + 0.1 * (1.0 / scaling.freq_scale).ln();
         }
-        let name = if style == RopeStyle::Neox { "rope_neox" } else { "rope_norm" };
-        let pairs = n_heads * head_dim / 2;
+        let neox = style == RopeStyle::Neox;
+        let (name, args, heads) = match k {
+            None => (if neox { "rope_neox" } else { "rope_norm" }, Args::default().ptr(x.mem.ptr).ptr(pos).i32(n_heads), n_heads),
+            Some((k, k_heads)) => (
+                if neox { "rope_qk_neox" } else { "rope_qk_norm" },
+                Args::default().ptr(x.mem.ptr).ptr(k.mem.ptr).ptr(pos).i32(n_heads).i32(k_heads),
+                n_heads + k_heads,
+            ),
+        };
+        let pairs = heads * head_dim / 2;
         self.launch(
             name,
             positions.len(),
             [pairs.div_ceil(256), positions.len(), 1],
-            Args::default()
-                .ptr(x.mem.ptr)
-                .ptr(pos)
-                .i32(n_heads)
-                .i32(head_dim)
+            args.i32(head_dim)
                 .i32(head_dim)
                 .f32(freq_base)
                 .f32(scaling.freq_scale)
@@ -1664,8 +1754,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         };
         let args = Args::default().ptr(x.mem.ptr).ptr(wv.ptr).ptr(out.mem.ptr).i32(dim).f32(eps);
         // Decode input of a dp4a mat-vec (q/k/v, gate/up, output): write its q8_1 copy too.
-        if matches!(self.matvec_family, MatvecFamily::Dp4a { .. }) && rows <= self.dp4a_max_rows && dim.is_multiple_of(32) {
-            let (q, ds) = (self.pooled_alloc(rows * dim)?, self.scratch(rows * dim / 16, Elem::F32)?);
+        if let Some((q, ds)) = self.decode_out_q8(rows, dim)? {
             self.launch("rmsnorm_q8_1", rows, [rows, 1, 1], args.ptr(q.ptr).ptr(ds.mem.ptr))?;
             *self.fresh_q8.lock() = Some(FreshQ8 { x: out.mem.ptr, len: rows * dim, q, ds });
             return Ok(());
@@ -1746,8 +1835,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         style: RopeStyle,
     ) -> Result<()> {
         // No scaling is the kernel's identity scaling: the same bits as an unscaled rotation.
-        let identity = RopeScaling { freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, corr_dims: [0.0, 0.0] };
-        self.rope_dev(x, positions, n_heads, head_dim, freq_base, style, identity)
+        self.rope_dev(x, None, positions, n_heads, head_dim, freq_base, style, RopeScaling::IDENTITY)
     }
 
     fn rope_scaled(
@@ -1760,7 +1848,23 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         style: RopeStyle,
         scaling: RopeScaling,
     ) -> Result<()> {
-        self.rope_dev(x, positions, n_heads, head_dim, freq_base, style, scaling)
+        self.rope_dev(x, None, positions, n_heads, head_dim, freq_base, style, scaling)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        positions: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        freq_base: f32,
+        style: RopeStyle,
+        scaling: Option<RopeScaling>,
+    ) -> Result<()> {
+        let scaling = scaling.unwrap_or(RopeScaling::IDENTITY);
+        self.rope_dev(q, Some((k, n_head_kv)), positions, n_head, head_dim, freq_base, style, scaling)
     }
 
     fn kv_store(
@@ -1774,35 +1878,25 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         n_tokens: usize,
         kv_dim: usize,
     ) -> Result<()> {
-        let n = n_tokens * kv_dim;
-        let off = (start_pos * kv_dim * 2) as u64;
-        let src_off = (src_row * kv_dim * 4) as u64;
-        if let Some(pos) = self.positions_at(src_row, start_pos, n_tokens) {
-            // The cache rows come from the positions on the device: one launch for k and v,
-            // the same arguments at every decode step.
-            return self.launch(
-                "kv_store_f16",
-                n_tokens,
-                [kv_dim.div_ceil(256), n_tokens, 2],
-                Args::default()
-                    .ptr(k.mem.ptr + src_off)
-                    .ptr(v.mem.ptr + src_off)
-                    .ptr(k_cache.mem.ptr)
-                    .ptr(v_cache.mem.ptr)
-                    .ptr(pos)
-                    .i32(kv_dim),
-            );
-        }
-        for (src, dst) in [(k, &*k_cache), (v, &*v_cache)] {
-            debug_assert_eq!(dst.elem, Elem::F16);
-            self.launch(
-                "f32_to_f16",
-                n_tokens,
-                [n.div_ceil(256), 1, 1],
-                Args::default().ptr(src.mem.ptr + src_off).ptr(dst.mem.ptr + off).i32(n),
-            )?;
-        }
-        Ok(())
+        self.kv_store_dev(k, v, k_cache, v_cache, src_row, start_pos, n_tokens, kv_dim)
+    }
+
+    fn kv_store_attention(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::KvBuffer,
+        v_cache: &mut Self::KvBuffer,
+        shape: AttentionShape,
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let sinks = match sinks {
+            Some(s) => self.sinks_on_device(s, shape)?,
+            None => 0,
+        };
+        self.attention_dev(q, k_cache, v_cache, shape, sinks, Some((k, v)), out)
     }
 
     fn decode_attention_batch(
@@ -1826,7 +1920,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         s: AttentionShape,
         out: &mut Self::Buffer,
     ) -> Result<()> {
-        self.attention_dev(q, k_cache, v_cache, s, 0, out)
+        self.attention_dev(q, k_cache, v_cache, s, 0, None, out)
     }
 
     fn attention_with_sinks(
@@ -1842,11 +1936,8 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         if !blocks.is_contiguous() {
             return Err(Error::unsupported(self.be(), "a paged KV cache"));
         }
-        if sinks.len() != shape.n_head {
-            return Err(Error::invalid(self.be(), format!("{} attention sinks for {} heads", sinks.len(), shape.n_head)));
-        }
-        let sinks = self.host_vector_on_device(sinks)?;
-        self.attention_dev(q, k_cache, v_cache, shape, sinks, out)
+        let sinks = self.sinks_on_device(sinks, shape)?;
+        self.attention_dev(q, k_cache, v_cache, shape, sinks, None, out)
     }
 
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
