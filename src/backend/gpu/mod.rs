@@ -957,8 +957,8 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     /// Queues one run of a captured step. With kernel timing on, every `sample_every`-th
-    /// replay runs the entry's timed graph (an event pair around each launch), so the
-    /// fraction of launches timed stays the configured rate; every launch is counted.
+    /// replay runs the entry's timed graph (an event after every op, `graph::TimedGraph`), so
+    /// the fraction of launches timed stays the configured rate; every launch is counted.
     fn replay(&self, graphs: &mut GraphCache, i: usize) -> Result<()> {
         let backend = self.api.backend_name();
         let every = kernel_registry::sample_every();
