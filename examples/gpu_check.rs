@@ -4,7 +4,9 @@
 //! compared row by row (relative L2 error, argmax agreement), then 64 greedy decode steps
 //! (the mat-vec path) compared token by token, and the decode logits of the GPU backend
 //! replaying captured step graphs compared bit for bit with the same backend launching
-//! eagerly (`GpuOptions::eager`). A greedy divergence passes only as a near
+//! eagerly (`GpuOptions::eager`), each kernel after the previous one has finished
+//! (`overlap_launches` off there, so the comparison also checks the overlapped launches of the
+//! graphs; `--no-overlap-launches` turns them off everywhere). A greedy divergence passes only as a near
 //! tie: the CPU's top-2 margin at that step under 1% of its largest |logit|, the same rule
 //! as the numpy reference tests (docs/REFERENCE.md). Exit code 1 on any failure.
 //!
@@ -46,7 +48,7 @@
 //!
 //! usage: gpu_check [--backend cuda|hip] [--kernel-dir DIR] [--archs llama,qwen2,qwen3,gemma3,qwen3moe,qwen2moe]
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
-//!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma]
+//!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma] [--no-overlap-launches]
 //! Batched decode's Q8_0 / Q5_0 / Q4_K mat-vecs run on the matrix units as by default
 //! (`engine.gpu.matvec_mma`; the batch-vs-solo check decodes three sequences, too few rows for
 //! them: `MMA_MIN_ROWS` is 4); `--no-gpu-matvec-mma` keeps the dp4a builds.
@@ -281,6 +283,7 @@ fn main() -> anyhow::Result<()> {
         matvec: arg(&args, "--gpu-matvec", ""),
         prefill_attention: arg(&args, "--gpu-prefill-attention", ""),
         matvec_mma: !args.iter().any(|a| a == "--no-gpu-matvec-mma"),
+        overlap_launches: !args.iter().any(|a| a == "--no-overlap-launches"),
         // gpu_check is where the MoE path gets verified (engine.gpu.moe, on by default).
         moe: true,
         ..Default::default()
@@ -290,7 +293,9 @@ fn main() -> anyhow::Result<()> {
     let size = arg(&args, "--size", "small");
     let cpu = civetta::backend::create_cpu(0)?;
     let gpu = civetta::backend::create_with(&backend, 0, true, &opts)?;
-    let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, ..opts.clone() })?;
+    // The reference for the graphs: every launch queued on its own, each after the previous one
+    // has finished (no overlapped launches), so the bit comparison also covers the overlap.
+    let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, overlap_launches: false, ..opts.clone() })?;
     let gpu_host = civetta::backend::create_with(&backend, 0, true, &GpuOptions { moe_device_routing: false, ..opts.clone() })?;
     let gpu_copies = civetta::backend::create_with(&backend, 0, true, &GpuOptions { q4k_f16_copies: true, ..opts.clone() })?;
     // One name, one backend type: the four are matched once and the check runs monomorphised.

@@ -343,6 +343,7 @@ CV_DEVICE void attn_decode(const float* q, cv_half* k_cache, cv_half* v_cache, f
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
       float scale, const float* sinks) {                                                                         \
+    cv_follow_prior_kernels();                                                                                   \
     attn_decode<D>(q, (cv_half*)k_cache, (cv_half*)v_cache, out, S, Hq, Hkv, scale, sinks, nullptr, nullptr,     \
                    nullptr, nullptr);                                                                            \
   }                                                                                                              \
@@ -351,11 +352,13 @@ CV_DEVICE void attn_decode(const float* q, cv_half* k_cache, cv_half* v_cache, f
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_pos_d##D(                                        \
       const float* q, cv_half* k_cache, cv_half* v_cache, float* out, const int* pos, int Hq, int Hkv,           \
       float scale, const float* sinks, cv_i8* out_q, float* out_ds, const float* k_new, const float* v_new) {    \
+    cv_follow_prior_kernels(); /* before pos[0] is read */                                                       \
     attn_decode<D>(q, k_cache, v_cache, out, pos[0] + 1, Hq, Hkv, scale, sinks, out_q, out_ds, k_new, v_new);    \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_batch_d##D(                                      \
       const float* q, cv_half* const* kv, float* out, const int* pos, int Hq, int Hkv, float scale,              \
       cv_i8* out_q, float* out_ds, const float* k_new, const float* v_new) {                                     \
+    cv_follow_prior_kernels();                                                                                   \
     const long t = cv_bid_y();                                                                                   \
     attn_decode<D>(q + t * Hq * D, kv[2 * t], kv[2 * t + 1], out + t * Hq * D, pos[t] + 1, Hq, Hkv, scale,       \
                    nullptr, out_q ? out_q + t * Hq * D : nullptr, out_ds ? out_ds + t * Hq * D / 16 : nullptr,   \

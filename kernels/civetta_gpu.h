@@ -124,6 +124,40 @@ CV_DEVICE int cv_in_vgpr(int v) {
   return v;
 }
 
+// ---- starting a kernel while the one before it finishes (issue #17) ----
+// On sm_90 and later the CUDA backend launches a kernel whose PTX contains cv_wait_prior_kernels()
+// with programmatic stream serialization (src/backend/gpu/cuda.rs `launch`, `engine.gpu.overlap_launches`):
+// its workgroups may start as soon as every workgroup of the previous kernel has called
+// cv_start_next_kernel() (or exited), so its launch and its first weight loads hide behind that
+// kernel's tail. Rules for such a kernel:
+//   - before cv_wait_prior_kernels() it reads only what no kernel writes (weights) and writes nothing;
+//   - every workgroup calls cv_wait_prior_kernels() before any early return (a kernel that returned
+//     without waiting could finish before its predecessor, and a third kernel waiting on it would
+//     then read unfinished results);
+//   - cv_start_next_kernel() after the wait, so at most two kernels overlap.
+// Elsewhere (AMD, older NVIDIA targets) both are no-ops and the stream order is the plain one;
+// cv_kernels_overlap says which, for code that only pays off when kernels overlap.
+#if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool cv_kernels_overlap = true;
+#else
+constexpr bool cv_kernels_overlap = false;
+#endif
+CV_DEVICE void cv_wait_prior_kernels() {
+#if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+CV_DEVICE void cv_start_next_kernel() {
+#if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Both, at the top of a kernel with nothing to do before the wait.
+CV_DEVICE void cv_follow_prior_kernels() {
+  cv_wait_prior_kernels();
+  cv_start_next_kernel();
+}
+
 CV_DEVICE float cv_group_sum(float v, unsigned width) {
   for (unsigned m = width / 2; m > 0; m >>= 1) v += cv_shfl_xor(v, m);
   return v;

@@ -79,20 +79,51 @@ CV_DEVICE void matvec(const Args& a) {
   const int x_stride = NB > 8 ? cv_in_vgpr(K) : K;
   float sum[NB];
   CV_UNROLL for (int r = 0; r < NB; ++r) sum[r] = 0.0f;
-  if (valid) {
-    for (int u0 = t; u0 < units; u0 += G * U) {
-      typename Q::Unit w[U];
+  if constexpr (cv_kernels_overlap) {
+    // The first round's weights are loaded before waiting for the kernel that wrote x
+    // (cv_wait_prior_kernels): no kernel writes weights, so these loads run during its tail.
+    typename Q::Unit w[U];
+    const auto load_units = [&](int u0) {
       CV_UNROLL for (int i = 0; i < U; ++i) {
         const int u = u0 + i * G;
         w[i] = Q::load(W, S, row, K, u < units ? u : u0);
       }
-      CV_UNROLL for (int i = 0; i < U; ++i) {
-        const int u = u0 + i * G;
-        if (u >= units) break;
-        CV_UNROLL for (int r = 0; r < NB; ++r) {
-          if (NB > 1 && b0 + r >= B) break;
-          const long xb = (long)(b0 + r) * x_stride;
-          sum[r] += Q::dot(w[i], a.xq + xb, a.xds + xb / 16, u);
+    };
+    if (valid && t < units) load_units(t);
+    cv_follow_prior_kernels();
+    if (valid) {
+      for (int u0 = t; u0 < units; u0 += G * U) {
+        if (u0 != t) load_units(u0);
+        CV_UNROLL for (int i = 0; i < U; ++i) {
+          const int u = u0 + i * G;
+          if (u >= units) break;
+          CV_UNROLL for (int r = 0; r < NB; ++r) {
+            if (NB > 1 && b0 + r >= B) break;
+            const long xb = (long)(b0 + r) * x_stride;
+            sum[r] += Q::dot(w[i], a.xq + xb, a.xds + xb / 16, u);
+          }
+        }
+      }
+    }
+  } else {
+    // Nothing overlaps (AMD): the plain loop, loads and dots per round (the peeled loop above
+    // cost clang-19 SGPR spills in the 8-row Q4_K builds).
+    cv_follow_prior_kernels();
+    if (valid) {
+      for (int u0 = t; u0 < units; u0 += G * U) {
+        typename Q::Unit w[U];
+        CV_UNROLL for (int i = 0; i < U; ++i) {
+          const int u = u0 + i * G;
+          w[i] = Q::load(W, S, row, K, u < units ? u : u0);
+        }
+        CV_UNROLL for (int i = 0; i < U; ++i) {
+          const int u = u0 + i * G;
+          if (u >= units) break;
+          CV_UNROLL for (int r = 0; r < NB; ++r) {
+            if (NB > 1 && b0 + r >= B) break;
+            const long xb = (long)(b0 + r) * x_stride;
+            sum[r] += Q::dot(w[i], a.xq + xb, a.xds + xb / 16, u);
+          }
         }
       }
     }

@@ -24,6 +24,7 @@ CV_DEVICE float rms_inv(const float* xr, int n, float eps) {
 } // namespace
 
 CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rmsnorm(const float* x, const float* w, float* y, int n, float eps) {
+  cv_follow_prior_kernels();
   const long row = cv_bid_x();
   const float* xr = x + row * n;
   float* yr = y + row * n;
@@ -36,6 +37,7 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_rmsnorm(const float* x, const float
 // saves that mat-vec its quantiser launch. n % 32 == 0.
 CV_KERNEL CV_LAUNCH_BOUNDS(1024) void civetta_rmsnorm_q8_1(const float* x, const float* w, float* y, int n, float eps,
                                                                cv_i8* q, float* ds) {
+  cv_follow_prior_kernels();
   const long row = cv_bid_x();
   const float* xr = x + row * n;
   float* yr = y + row * n;

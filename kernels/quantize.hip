@@ -26,6 +26,7 @@ CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_act_q8(const float* x, cv_
 // Same rounding as civetta_quantize_act_q8. One wave per block; grid: ceil(n/32/8) x 256 threads.
 CV_KERNEL CV_LAUNCH_BOUNDS(256) void civetta_quantize_q8_1(const float* x, const float* up, cv_i8* q, float* ds, int n,
                                                            int act) {
+  cv_follow_prior_kernels();
   const int block = (int)(cv_bid_x() * 8 + cv_tid_x() / CV_WAVE);
   if (block * 32 >= n) return;
   const int i = block * 32 + (int)cv_lane();

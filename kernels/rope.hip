@@ -51,6 +51,7 @@ template <bool NEOX>
 CV_DEVICE void rope_qk(float* q, float* k, const int* pos, int q_heads, int k_heads, int head_dim, int n_rot,
                        float freq_base, float freq_scale, float ext_factor, float magnitude, float corr_low,
                        float corr_high) {
+  cv_follow_prior_kernels();
   const int pairs = n_rot / 2;
   const int p = (int)(cv_bid_x() * 256 + cv_tid_x());
   if (p >= (q_heads + k_heads) * pairs) return;

@@ -686,6 +686,10 @@ pub struct BackendArgs {
     /// 0.56 instead of 2.56 bytes per weight).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_q4k_f16_copies: Option<bool>,
+    /// GPU: decode kernels start while the kernel before them finishes (engine.gpu.overlap_launches,
+    /// default true; CUDA sm_90+; `--gpu-overlap-launches false` launches each after the previous).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_overlap_launches: Option<bool>,
 }
 
 impl BackendArgs {
@@ -705,6 +709,7 @@ impl BackendArgs {
             matvec_mma: self.gpu_matvec_mma.unwrap_or(true),
             moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
             q4k_f16_copies: self.gpu_q4k_f16_copies.unwrap_or(false),
+            overlap_launches: self.gpu_overlap_launches.unwrap_or(true),
         }
     }
 }

@@ -66,7 +66,10 @@ pub trait GpuApi: Send + Sync + 'static {
     /// Loads one kernel image (PTX text or an AMDGPU code object).
     fn load_module(&self, image: &[u8]) -> Result<u64>;
     fn function(&self, module: u64, name: &str) -> Result<FunctionHandle>;
-    /// Queues a launch. `params` point at the kernel arguments, in order.
+    /// Queues a launch. `params` point at the kernel arguments, in order. `overlap_previous`:
+    /// the kernel waits for the stream's previous kernel itself (`cv_wait_prior_kernels` in
+    /// kernels/civetta_gpu.h), so it may start while that one finishes (CUDA's programmatic
+    /// dependent launch, sm_90+). A runtime without such launches queues a plain one.
     ///
     /// # Safety
     /// The parameters must match the kernel's signature and every pointer argument must
@@ -78,6 +81,7 @@ pub trait GpuApi: Send + Sync + 'static {
         block: [u32; 3],
         shared_bytes: u32,
         params: &mut [*mut c_void],
+        overlap_previous: bool,
     ) -> Result<()>;
 
     fn event_create(&self) -> Result<EventHandle>;

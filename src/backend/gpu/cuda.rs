@@ -178,8 +178,41 @@ impl GpuApi for CudaApi {
         Ok(FunctionHandle(f as u64))
     }
 
-    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<()> {
+    unsafe fn launch(
+        &self,
+        f: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        params: &mut [*mut c_void],
+        overlap_previous: bool,
+    ) -> Result<()> {
         self.current()?;
+        if overlap_previous {
+            // Programmatic stream serialization: the kernel's workgroups may start once every
+            // workgroup of the previous kernel has triggered (griddepcontrol.launch_dependents) or
+            // exited; the kernel's griddepcontrol.wait then waits for that kernel's completion and
+            // memory. Stream capture records it as a programmatic edge of the graph.
+            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block[0],
+                blockDimY: block[1],
+                blockDimZ: block[2],
+                sharedMemBytes: shared,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            return check(
+                sys::cuLaunchKernelEx(&config, f.0 as sys::CUfunction, params.as_mut_ptr(), std::ptr::null_mut()),
+                "cuLaunchKernelEx",
+            );
+        }
         check(
             sys::cuLaunchKernel(
                 f.0 as sys::CUfunction,

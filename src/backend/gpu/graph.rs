@@ -25,6 +25,16 @@ pub struct LaunchOp {
     pub block: [u32; 3],
     /// Kernel arguments, one 8-byte slot each.
     pub slots: Vec<u64>,
+    /// Launched to overlap the previous kernel's tail (`GpuApi::launch`'s `overlap_previous`).
+    pub overlap: bool,
+}
+
+/// Whether op j of a tape may be launched to overlap the op before it (`GpuApi::launch`'s
+/// `overlap_previous`): both are kernel launches and this kernel waits for its predecessor
+/// itself (`LaunchOp::overlap`). Never the first op of a tape (the stream work before it may be
+/// an upload, which a kernel's wait does not cover) nor one after a copy, for the same reason.
+pub fn overlap_allowed(ops: &[Op], j: usize) -> bool {
+    matches!(&ops[j], Op::Launch(l) if l.overlap) && j > 0 && matches!(ops[j - 1], Op::Launch(_))
 }
 
 /// One piece of stream work on the tape.
@@ -148,9 +158,31 @@ mod tests {
                     grid: [i as u32, 1, 1],
                     block: [128, 1, 1],
                     slots: vec![arg],
+                    overlap: false,
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn only_a_waiting_kernel_right_after_another_kernel_overlaps_it() {
+        let launch = |overlap| {
+            Op::Launch(LaunchOp {
+                kernel: "k",
+                shape: "m1",
+                f: FunctionHandle(1),
+                grid: [1; 3],
+                block: [128, 1, 1],
+                slots: vec![],
+                overlap,
+            })
+        };
+        let copy = Op::Copy { dst: 1, src: 2, bytes: 4 };
+        let ops = [launch(true), launch(true), launch(false), copy, launch(true), launch(true)];
+        let allowed: Vec<bool> = (0..ops.len()).map(|j| overlap_allowed(&ops, j)).collect();
+        // First op: no; after a kernel: yes; a kernel that does not wait: no; the copy: no;
+        // right after the copy: no; after that kernel: yes.
+        assert_eq!(allowed, [false, true, false, false, false, true]);
     }
 
     #[test]

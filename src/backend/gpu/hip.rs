@@ -259,7 +259,17 @@ impl GpuApi for HipApi {
         Ok(FunctionHandle(f as u64))
     }
 
-    unsafe fn launch(&self, f: FunctionHandle, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<()> {
+    // HIP has no programmatic dependent launch: `_overlap_previous` kernels run in plain stream
+    // order (their wait is a no-op in the AMD build).
+    unsafe fn launch(
+        &self,
+        f: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        params: &mut [*mut c_void],
+        _overlap_previous: bool,
+    ) -> Result<()> {
         self.current()?;
         check(
             hipModuleLaunchKernel(

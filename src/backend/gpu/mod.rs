@@ -28,6 +28,7 @@ pub mod graph;
 pub mod hip;
 pub mod image_choice;
 mod moe;
+mod overlap;
 mod repack;
 
 use super::{AttentionShape, Backend, Error, HostBuffer, KvBlocks, Result, ResultExt, RopeScaling, RopeStyle, Unpin, Weight, WeightOf};
@@ -106,6 +107,12 @@ pub struct GpuOptions {
     /// bytes per weight on the device instead of 2.56: what lets a 48-layer Qwen3-30B-A3B-shaped
     /// Q4_K model (17 GB of blocks, ~60 GB of expert copies) onto an 80 GB card.
     pub q4k_f16_copies: bool,
+    /// Kernels that wait for their predecessor themselves (`cv_wait_prior_kernels`: the decode
+    /// path's RMSNorm, mat-vecs, RoPE, attention and quantiser) start while it finishes, their
+    /// first weight loads hiding behind its tail (CUDA's programmatic dependent launch, sm_90+;
+    /// `overlap.rs`). The same arithmetic either way. False launches every kernel after the
+    /// previous one has finished. For comparisons and as a way out; no effect on HIP.
+    pub overlap_launches: bool,
 }
 
 impl Default for GpuOptions {
@@ -125,6 +132,7 @@ impl Default for GpuOptions {
             matvec_mma: true,
             moe_device_routing: true,
             q4k_f16_copies: false,
+            overlap_launches: true,
         }
     }
 }
@@ -437,6 +445,8 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
 struct Kernel {
     f: FunctionHandle,
     threads: u32,
+    /// Launched to overlap the previous kernel's tail (`overlap.rs`; `engine.gpu.overlap_launches`).
+    overlap: bool,
 }
 
 /// Device buffers that went out of use, by size class, reused by later allocations.
@@ -707,11 +717,12 @@ impl<A: GpuApi> GpuBackend<A> {
                 image.push(0); // the driver takes PTX as a C string
             }
             let module = api.load_module(&image).with_context(|| format!("loading {}", path.display()))?;
+            let ptx = if ext == "ptx" { std::str::from_utf8(&image).ok() } else { None };
             for &(name, threads) in functions {
-                let f = api
-                    .function(module, &format!("civetta_{name}"))
-                    .with_context(|| format!("{}: kernel civetta_{name}", path.display()))?;
-                kernels.insert(name, Kernel { f, threads });
+                let symbol = format!("civetta_{name}");
+                let f = api.function(module, &symbol).with_context(|| format!("{}: kernel {symbol}", path.display()))?;
+                let overlap = opts.overlap_launches && ptx.is_some_and(|p| overlap::ptx_entry_waits_for_prior_kernels(p, &symbol));
+                kernels.insert(name, Kernel { f, threads, overlap });
             }
             images.insert(file, image);
         }
@@ -826,25 +837,27 @@ impl<A: GpuApi> GpuBackend<A> {
                 u32::try_from(g.max(1)).map_err(|_| Error::invalid(self.be(), format!("kernel {name}: grid dimension {g} exceeds u32")))?;
         }
         let grid = dims;
-        let op = LaunchOp { kernel: name, shape, f: k.f, grid, block: [k.threads, 1, 1], slots: args.slots };
+        let op = LaunchOp { kernel: name, shape, f: k.f, grid, block: [k.threads, 1, 1], slots: args.slots, overlap: k.overlap };
         if self.use_graphs {
             let mut tape = self.tape.lock();
             tape.reads_positions |= reads_positions(name);
             tape.ops.push(Op::Launch(op));
             Ok(())
         } else {
-            self.queue_sampled(&op)
+            self.queue_sampled(&op, false)
         }
     }
 
     /// Queues one launch, timing it with an event pair when the registry samples this call.
-    fn queue_sampled(&self, op: &LaunchOp) -> Result<()> {
+    /// `overlap`: launch it to overlap the previous kernel (`overlap_allowed`), unless timed.
+    fn queue_sampled(&self, op: &LaunchOp, overlap: bool) -> Result<()> {
         let timed = kernel_registry::should_sample(op.kernel, op.shape, self.api.backend_name(), self.variant);
         let events = if timed { Some((self.event()?, self.event()?)) } else { None };
         if let Some((start, _)) = events {
             self.api.event_record(start)?;
         }
-        self.queue(op)?;
+        // A timed launch runs on its own: an event pair cannot split two overlapping kernels.
+        self.queue(op, overlap && !timed)?;
         if let Some((start, end)) = events {
             self.api.event_record(end)?;
             self.pending.lock().push(PendingTiming { kernel: op.kernel, shape: op.shape, start, end, graph_owned: false });
@@ -852,13 +865,13 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
-    /// Queues one launch as it is.
-    fn queue(&self, op: &LaunchOp) -> Result<()> {
+    /// Queues one launch; `overlap` launches it to overlap the previous kernel's tail.
+    fn queue(&self, op: &LaunchOp, overlap: bool) -> Result<()> {
         let mut slots = op.slots.clone();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         // SAFETY: every call site passes the arguments of the kernel's signature in order,
         // with device pointers of buffers sized for the grid it computes.
-        unsafe { self.api.launch(op.f, op.grid, op.block, 0, &mut params) }
+        unsafe { self.api.launch(op.f, op.grid, op.block, 0, &mut params, overlap) }
     }
 
     /// A device-to-device copy: on the tape, or queued at once without graphs.
@@ -917,9 +930,9 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     fn queue_eager(&self, ops: &[Op]) -> Result<()> {
-        for op in ops {
+        for (j, op) in ops.iter().enumerate() {
             match op {
-                Op::Launch(l) => self.queue_sampled(l)?,
+                Op::Launch(l) => self.queue_sampled(l, graph::overlap_allowed(ops, j))?,
                 Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
             }
         }
@@ -936,7 +949,8 @@ impl<A: GpuApi> GpuBackend<A> {
             }
             for (j, op) in ops.iter().enumerate() {
                 match op {
-                    Op::Launch(l) => self.queue(l)?,
+                    // The timed graph records an event between every two ops: no overlap there.
+                    Op::Launch(l) => self.queue(l, events.is_none() && graph::overlap_allowed(ops, j))?,
                     Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
                 }
                 if let Some(e) = events {
