@@ -104,13 +104,18 @@ fn report_and_compare_cover_both_compilers() {
         let rows = compare(&a, &b);
         assert_eq!(rows.len(), 2);
         assert!(rows.iter().all(|r| r.a.is_some() && r.b.is_some()));
-        let text = render_compare_markdown(&a, &b, &rows);
+        let text = render_compare_markdown(&a, &b, &rows, false);
         assert!(text.starts_with(&format!("### {} → {}", a.compiler, b.compiler)), "{text}");
         // A row shows "A → B" exactly where the two compilers disagree.
         for row in &rows {
             let line = text.lines().find(|l| l.contains(&format!("| {} |", row.kernel))).unwrap();
             assert_eq!(line.contains('→'), row.differs(), "{line}");
         }
+        // --changed-only lists the differing rows and still counts them among all rows.
+        let changed = rows.iter().filter(|r| r.differs()).count();
+        let only = render_compare_markdown(&a, &b, &rows, true);
+        assert_eq!(only.lines().filter(|l| l.starts_with("| gfx1151 |")).count(), changed, "{only}");
+        assert!(only.contains(&format!("{changed} of 2 kernel instantiations differ.")), "{only}");
     }
 }
 

@@ -64,12 +64,15 @@ fn report(args: ReportArgs) -> Result<i32> {
         let [dir_a, dir_b] = pair.as_slice() else { bail!("--compare takes two directories") };
         let (a, b) = (scan_build_dir(dir_a)?, scan_build_dir(dir_b)?);
         let mut rows = compare(&a, &b);
-        if args.changed_only {
-            rows.retain(|r| r.differs());
-        }
         match args.format {
-            Format::Markdown => print!("{}", render_compare_markdown(&a, &b, &rows)),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&compare_json(&a, &b, &rows))?),
+            // The markdown's closing line counts the differing rows among all of them.
+            Format::Markdown => print!("{}", render_compare_markdown(&a, &b, &rows, args.changed_only)),
+            Format::Json => {
+                if args.changed_only {
+                    rows.retain(|r| r.differs());
+                }
+                println!("{}", serde_json::to_string_pretty(&compare_json(&a, &b, &rows))?)
+            }
         }
         return Ok(0);
     }

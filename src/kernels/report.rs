@@ -184,12 +184,13 @@ fn side_by_side(a: Option<u32>, b: Option<u32>) -> String {
 }
 
 /// Markdown comparison of two builds: one column per quantity, `A → B (delta)` where they differ.
-pub fn render_compare_markdown(a: &BuildReport, b: &BuildReport, rows: &[CompareRow]) -> String {
+/// `changed_only` lists only the rows that differ; the closing count is over all of `rows`.
+pub fn render_compare_markdown(a: &BuildReport, b: &BuildReport, rows: &[CompareRow], changed_only: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "### {} → {}\n", a.compiler, b.compiler);
     out.push_str("| arch | object | kernel | VGPRs | SGPRs | scratch B/lane | VGPR spills | LDS B | waves/SIMD | scratch instr |\n");
     out.push_str("|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n");
-    for row in rows {
+    for row in rows.iter().filter(|r| !changed_only || r.differs()) {
         let get = |side: &Option<ReportRow>, f: &dyn Fn(&ReportRow) -> Option<u32>| side.as_ref().and_then(f);
         let col = |f: &dyn Fn(&ReportRow) -> Option<u32>| side_by_side(get(&row.a, f), get(&row.b, f));
         let _ = writeln!(
