@@ -138,17 +138,18 @@ CV_DEVICE int cv_in_vgpr(int v) {
 // Elsewhere (AMD, older NVIDIA targets) both are no-ops and the stream order is the plain one;
 // cv_kernels_overlap says which, for code that only pays off when kernels overlap.
 #if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool cv_kernels_overlap = true;
+#define CV_GRID_DEPENDENCIES 1
 #else
-constexpr bool cv_kernels_overlap = false;
+#define CV_GRID_DEPENDENCIES 0
 #endif
+constexpr bool cv_kernels_overlap = CV_GRID_DEPENDENCIES;
 CV_DEVICE void cv_wait_prior_kernels() {
-#if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if CV_GRID_DEPENDENCIES
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 CV_DEVICE void cv_start_next_kernel() {
-#if CV_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if CV_GRID_DEPENDENCIES
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
