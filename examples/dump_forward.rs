@@ -14,6 +14,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Implements the primitive ops only, on purpose (unlike the tests' delegating backend,
+/// tests/common/delegate.rs, which forwards every method): the trait's default bodies of the
+/// fused ops (`matmul_add`, `rope_qk`, `kv_store_attention`, ...) then run as the primitive
+/// calls they stand for, through this wrapper, so each intermediate tensor is dumped as
+/// llama.cpp's graph names it. The defaults give the fused ops' numbers (the trait's contract).
 struct Tap<B: Backend> {
     inner: Arc<B>,
     dir: PathBuf,

@@ -6,245 +6,37 @@
 mod common;
 
 use civetta::backend::cpu::CpuBackend;
-use civetta::backend::{AttentionShape, Backend, KvBlocks, RopeScaling, RopeStyle, WeightOf};
+use civetta::backend::Backend;
 use civetta::engine::{Engine, EngineConfig, GenerationEvent};
-use civetta::gguf::{GgmlType, GgufFile};
-use civetta::model::{self, HParams, Logits, SeqRows, WorkspaceShape};
+use civetta::model::{self, Logits, SeqRows, WorkspaceShape};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use common::delegate::{Delegate, Hooks, InnerTable};
 use common::{bits, greedy_request, prompt};
 
-/// The CPU backend, counting the activation buffers asked of it (`alloc`).
-struct Counting<B: Backend> {
-    inner: Arc<B>,
-    allocs: AtomicUsize,
+/// Hooks that count the activation buffers asked of the inner backend (`alloc`).
+#[derive(Default)]
+struct CountAllocs(AtomicUsize);
+
+impl<B: Backend> Hooks<B> for CountAllocs {
+    type Table = InnerTable<B>;
+    fn alloc(&self, inner: &B, len: usize) -> civetta::backend::Result<B::Buffer> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        inner.alloc(len)
+    }
 }
 
-impl<B: Backend> Counting<B> {
+type Counting = Delegate<CpuBackend, CountAllocs>;
+
+impl Counting {
     fn allocs(&self) -> usize {
-        self.allocs.load(Ordering::SeqCst)
+        self.hooks.0.load(Ordering::SeqCst)
     }
 }
 
-impl<B: Backend> Backend for Counting<B> {
-    type Buffer = B::Buffer;
-    type KvBuffer = B::KvBuffer;
-    type WeightData = B::WeightData;
-    type ExpertTable = B::ExpertTable;
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn variant(&self) -> &'static str {
-        self.inner.variant()
-    }
-    fn supports(&self, t: GgmlType) -> bool {
-        self.inner.supports(t)
-    }
-    fn check_model(&self, hp: &HParams) -> civetta::backend::Result<()> {
-        self.inner.check_model(hp)
-    }
-    fn load_weight(&self, file: &Arc<GgufFile>, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
-        self.inner.load_weight(file, name)
-    }
-    fn alloc(&self, len: usize) -> civetta::backend::Result<Self::Buffer> {
-        self.allocs.fetch_add(1, Ordering::SeqCst);
-        self.inner.alloc(len)
-    }
-    fn alloc_kv_cache(&self, len: usize) -> civetta::backend::Result<Self::KvBuffer> {
-        self.inner.alloc_kv_cache(len)
-    }
-    fn kv_cache_elem_bytes(&self) -> usize {
-        self.inner.kv_cache_elem_bytes()
-    }
-    fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> civetta::backend::Result<()> {
-        self.inner.write(dst, offset, src)
-    }
-    fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> civetta::backend::Result<()> {
-        self.inner.read(src, offset, dst)
-    }
-    fn embed(&self, table: &WeightOf<Self>, tokens: &[u32], out: &mut Self::Buffer) -> civetta::backend::Result<()> {
-        self.inner.embed(table, tokens, out)
-    }
-    fn rmsnorm(
-        &self,
-        x: &Self::Buffer,
-        w: &WeightOf<Self>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-        out: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.rmsnorm(x, w, rows, dim, eps, out)
-    }
-    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &WeightOf<Self>, rows: usize, dim: usize, eps: f32) -> civetta::backend::Result<()> {
-        self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
-    }
-    fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> civetta::backend::Result<()> {
-        self.inner.matmul(w, x, rows, out)
-    }
-    fn matmul_many(
-        &self,
-        ws: &[&WeightOf<Self>],
-        x: &Self::Buffer,
-        rows: usize,
-        outs: &mut [&mut Self::Buffer],
-    ) -> civetta::backend::Result<()> {
-        self.inner.matmul_many(ws, x, rows, outs)
-    }
-    fn matmul_add(
-        &self,
-        w: &WeightOf<Self>,
-        x: &mut Self::Buffer,
-        up: Option<&Self::Buffer>,
-        rows: usize,
-        out: &mut Self::Buffer,
-        scratch: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.matmul_add(w, x, up, rows, out, scratch)
-    }
-    fn add_bias(&self, x: &mut Self::Buffer, b: &WeightOf<Self>, rows: usize) -> civetta::backend::Result<()> {
-        self.inner.add_bias(x, b, rows)
-    }
-    fn rope(
-        &self,
-        x: &mut Self::Buffer,
-        positions: &[u32],
-        n_heads: usize,
-        head_dim: usize,
-        freq_base: f32,
-        style: RopeStyle,
-    ) -> civetta::backend::Result<()> {
-        self.inner.rope(x, positions, n_heads, head_dim, freq_base, style)
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn rope_scaled(
-        &self,
-        x: &mut Self::Buffer,
-        positions: &[u32],
-        n_heads: usize,
-        head_dim: usize,
-        freq_base: f32,
-        style: RopeStyle,
-        scaling: RopeScaling,
-    ) -> civetta::backend::Result<()> {
-        self.inner.rope_scaled(x, positions, n_heads, head_dim, freq_base, style, scaling)
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn kv_store(
-        &self,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        kc: &mut Self::KvBuffer,
-        vc: &mut Self::KvBuffer,
-        src_row: usize,
-        start: usize,
-        n: usize,
-        kvd: usize,
-    ) -> civetta::backend::Result<()> {
-        self.inner.kv_store(k, v, kc, vc, src_row, start, n, kvd)
-    }
-    fn attention(
-        &self,
-        q: &Self::Buffer,
-        k_cache: &Self::KvBuffer,
-        v_cache: &Self::KvBuffer,
-        s: AttentionShape,
-        out: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.attention(q, k_cache, v_cache, s, out)
-    }
-    fn paged_kv(&self) -> bool {
-        self.inner.paged_kv()
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn kv_store_paged(
-        &self,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        k_pool: &mut Self::KvBuffer,
-        v_pool: &mut Self::KvBuffer,
-        src_row: usize,
-        blocks: KvBlocks<'_>,
-        start_pos: usize,
-        n_tokens: usize,
-        kv_dim: usize,
-    ) -> civetta::backend::Result<()> {
-        self.inner.kv_store_paged(k, v, k_pool, v_pool, src_row, blocks, start_pos, n_tokens, kv_dim)
-    }
-    fn attention_paged(
-        &self,
-        q: &Self::Buffer,
-        k_pool: &Self::KvBuffer,
-        v_pool: &Self::KvBuffer,
-        blocks: KvBlocks<'_>,
-        s: AttentionShape,
-        out: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.attention_paged(q, k_pool, v_pool, blocks, s, out)
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn attention_with_sinks(
-        &self,
-        q: &Self::Buffer,
-        k_cache: &Self::KvBuffer,
-        v_cache: &Self::KvBuffer,
-        blocks: KvBlocks<'_>,
-        s: AttentionShape,
-        sinks: &[f32],
-        out: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.attention_with_sinks(q, k_cache, v_cache, blocks, s, sinks, out)
-    }
-    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
-        self.inner.silu_mul(gate, up, n)
-    }
-    fn gelu_tanh_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
-        self.inner.gelu_tanh_mul(gate, up, n)
-    }
-    fn scale(&self, x: &mut Self::Buffer, n: usize, s: f32) -> civetta::backend::Result<()> {
-        self.inner.scale(x, n, s)
-    }
-    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> civetta::backend::Result<()> {
-        self.inner.add(x, y, n)
-    }
-    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
-        self.inner.copy_row(src, src_row, dim, dst)
-    }
-    fn gather_rows(&self, src: &Self::Buffer, rows: &[usize], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
-        self.inner.gather_rows(src, rows, dim, dst)
-    }
-    fn weight_rows(&self, w: &WeightOf<Self>, first_row: usize, n_rows: usize, name: &str) -> civetta::backend::Result<WeightOf<Self>> {
-        self.inner.weight_rows(w, first_row, n_rows, name)
-    }
-    fn scatter_rows(&self, src: &Self::Buffer, rows: &[u32], dim: usize, dst: &mut Self::Buffer) -> civetta::backend::Result<()> {
-        self.inner.scatter_rows(src, rows, dim, dst)
-    }
-    fn weighted_sum_rows(
-        &self,
-        src: &Self::Buffer,
-        weights: &[f32],
-        n: usize,
-        k: usize,
-        dim: usize,
-        out: &mut Self::Buffer,
-    ) -> civetta::backend::Result<()> {
-        self.inner.weighted_sum_rows(src, weights, n, k, dim, out)
-    }
-    fn scale_rows(&self, x: &mut Self::Buffer, scales: &[f32], dim: usize) -> civetta::backend::Result<()> {
-        self.inner.scale_rows(x, scales, dim)
-    }
-    fn synchronize(&self) -> civetta::backend::Result<()> {
-        self.inner.synchronize()
-    }
-    fn run(&self, pass: &mut (dyn FnMut() + Send)) {
-        self.inner.run(pass)
-    }
-}
-
-fn counting_cpu() -> Arc<Counting<CpuBackend>> {
-    Arc::new(Counting { inner: civetta::backend::create_cpu(2).unwrap(), allocs: AtomicUsize::new(0) })
+fn counting_cpu() -> Arc<Counting> {
+    Delegate::new(civetta::backend::create_cpu(2).unwrap(), CountAllocs::default())
 }
 
 fn tokens_of(stream: &mut civetta::engine::GenerationStream) -> Vec<u32> {
@@ -354,4 +146,23 @@ fn a_reused_workspace_gives_the_logits_of_a_fresh_one_bit_for_bit() {
             model.forward_batch_with(None, &mut ws, &mut [SeqRows { cache: &mut cache, tokens: &long, logits: Logits::Last }]).unwrap_err();
         assert!(format!("{err:#}").contains("exceeds the workspace"), "{arch}: {err:#}");
     }
+}
+
+/// The tests' delegating backend (tests/common/delegate.rs) forwards every method of the
+/// `Backend` trait: one it missed would fall back to the trait's default in every wrapped test,
+/// not to the inner backend's own implementation.
+#[test]
+fn the_test_delegate_forwards_every_backend_method() {
+    let methods = |text: &str, start: &str| -> std::collections::BTreeSet<String> {
+        let body = &text[text.find(start).unwrap_or_else(|| panic!("{start:?} not found"))..];
+        let body = &body[..body.find("\n}\n").unwrap()];
+        body.lines().filter_map(|l| l.strip_prefix("    fn ")).map(|l| l[..l.find(['(', '<']).unwrap()].to_string()).collect()
+    };
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
+    let trait_methods = methods(&read("src/backend/mod.rs"), "pub trait Backend:");
+    let forwarded = methods(&read("tests/common/delegate.rs"), "Backend for Delegate<B, H> {");
+    assert!(trait_methods.len() > 40, "parsed only {} trait methods", trait_methods.len());
+    let missing: Vec<_> = trait_methods.difference(&forwarded).collect();
+    assert!(missing.is_empty(), "tests/common/delegate.rs does not forward {missing:?}");
 }

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod delegate;
+
 pub fn civetta() -> Command {
     Command::new(env!("CARGO_BIN_EXE_civetta"))
 }
