@@ -118,6 +118,9 @@ fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
 }
 
 pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
+    // Warnings of the engine and backends (a GPU graph capture that failed, ...) reach stderr,
+    // as in `generate`; CIVETTA_LOG sets another filter.
+    crate::server::init_logging("human", "warn");
     let pb = progress_bar(args.quiet);
     let report = if args.remote.is_some() || args.remote_http.is_some() {
         let token = match &args.auth_token_file {

@@ -110,6 +110,15 @@ pub enum Decision {
     Eager,
 }
 
+/// Whether a graph's next replay (after `replays` earlier ones) runs its timed twin, with one
+/// replay in `every` timed: the n-th, 2n-th, ... replay, not the first. A graph that lives
+/// fewer than n replays (a batch composition that soon changes, a request's graph before its
+/// caches move) then never pays for capturing the twin, which costs about as much as the
+/// capture of the graph itself; the timed fraction of its launches stays at most the rate.
+pub fn replay_is_timed(replays: u64, every: Option<u64>) -> bool {
+    every.is_some_and(|n| (replays + 1).is_multiple_of(n))
+}
+
 pub fn tape_hash(ops: &[Op]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     ops.hash(&mut h);
@@ -162,6 +171,14 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn the_nth_replay_is_timed_not_the_first() {
+        let timed: Vec<u64> = (0..60).filter(|&r| replay_is_timed(r, Some(20))).collect();
+        assert_eq!(timed, [19, 39, 59]);
+        assert!((0..5).all(|r| replay_is_timed(r, Some(1))), "a rate of 1 times every replay");
+        assert!(!(0..100).any(|r| replay_is_timed(r, None)), "timing off or nothing sampled");
     }
 
     #[test]

@@ -45,6 +45,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Options of the GPU backends (config section `[engine.gpu]`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -781,7 +782,7 @@ impl<A: GpuApi> GpuBackend<A> {
     }
 
     fn raw_alloc(&self, bytes: usize) -> Result<DevBuf> {
-        let ptr = self.api.alloc(bytes.max(1))?;
+        let ptr = self.device_alloc(bytes.max(1))?;
         Ok(DevBuf { ptr, class: bytes, pooled: false, host: 0, pool: self.pool.clone() })
     }
 
@@ -794,13 +795,64 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(DevBuf { ptr, class: bytes.len(), pooled: false, host: bytes.as_ptr() as u64, pool: self.pool.clone() })
     }
 
+    /// A KV cache of exactly `bytes`, pooled under that size: the next sequence that needs
+    /// the same size (a request like the last one) gets the same addresses, so the decode
+    /// graphs captured for the last one replay for it instead of being captured again (a
+    /// step's tape holds its caches' addresses). Where the device is out of memory, the
+    /// pool's free buffers are given back to the driver first.
+    fn kv_alloc(&self, bytes: usize) -> Result<DevBuf> {
+        let bytes = bytes.max(1);
+        // The lowest free address: a sequence's caches are dropped in another order than they
+        // are allocated in (all K layers, then all V), so taking the last one freed would hand
+        // each request a new permutation of the same buffers, and a new graph.
+        let reused = self.pool.free.lock().get_mut(&bytes).and_then(|v| {
+            let lowest = (0..v.len()).min_by_key(|&i| v[i])?;
+            Some(v.swap_remove(lowest))
+        });
+        if let Some(ptr) = reused {
+            return Ok(DevBuf { ptr, class: bytes, pooled: true, host: 0, pool: self.pool.clone() });
+        }
+        let ptr = self.device_alloc(bytes)?;
+        Ok(DevBuf { ptr, class: bytes, pooled: true, host: 0, pool: self.pool.clone() })
+    }
+
+    /// Device memory from the driver; where it is out of memory, once more after the pool's
+    /// free buffers went back to it (the KV caches kept for reuse may hold much).
+    fn device_alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        match self.api.alloc(bytes) {
+            Ok(p) => Ok(p),
+            Err(first) => {
+                if !self.release_free_buffers()? {
+                    return Err(first);
+                }
+                self.api.alloc(bytes)
+            }
+        }
+    }
+
+    /// Gives the pool's free buffers back to the driver (after the stream is idle: a buffer
+    /// goes back to the pool while kernels queued before may still use it). False when there
+    /// were none.
+    fn release_free_buffers(&self) -> Result<bool> {
+        let free: Vec<DevicePtr> = self.pool.free.lock().drain().flat_map(|(_, v)| v).collect();
+        if free.is_empty() {
+            return Ok(false);
+        }
+        self.flush()?;
+        self.api.synchronize()?;
+        for p in free {
+            (self.pool.release)(p);
+        }
+        Ok(true)
+    }
+
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
     fn pooled_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let class = bytes.max(256).next_power_of_two();
         if let Some(ptr) = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop()) {
             return Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() });
         }
-        let ptr = self.api.alloc(class)?;
+        let ptr = self.device_alloc(class)?;
         Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() })
     }
 
@@ -904,12 +956,21 @@ impl<A: GpuApi> GpuBackend<A> {
         let mut graphs = self.graphs.lock();
         match graphs.decide(&ops, hash) {
             Decision::Eager => {
+                if ops.len() >= graph::MIN_GRAPH_OPS {
+                    tracing::debug!(ops = ops.len(), "GPU tape run eagerly (first sighting)");
+                }
                 drop(graphs);
                 self.queue_eager(&ops)
             }
-            Decision::Capture => match self.capture(&ops, None) {
-                Ok(plain) => {
+            Decision::Capture => match (Instant::now(), self.capture(&ops, None)) {
+                (t0, Ok(plain)) => {
                     graphs.captures += 1;
+                    tracing::debug!(
+                        ops = ops.len(),
+                        captures = graphs.captures,
+                        micros = t0.elapsed().as_micros() as u64,
+                        "GPU graph captured"
+                    );
                     let calls = graph::launch_counts(&ops);
                     if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
                         self.api.synchronize()?;
@@ -918,7 +979,7 @@ impl<A: GpuApi> GpuBackend<A> {
                     let i = graphs.entries.len() - 1;
                     self.replay(&mut graphs, i)
                 }
-                Err(e) => {
+                (_, Err(e)) => {
                     tracing::warn!(error = %format!("{e:#}"), "GPU graph capture failed: launching eagerly from now on");
                     graphs.disabled = true;
                     drop(graphs);
@@ -978,13 +1039,15 @@ impl<A: GpuApi> GpuBackend<A> {
         let every = kernel_registry::sample_every();
         let timing_ok = !self.graph_timing_broken.load(std::sync::atomic::Ordering::Relaxed);
         let e = &mut graphs.entries[i];
-        let timed = timing_ok && every.is_some_and(|n| e.replays.is_multiple_of(n)) && !self.pending.lock().iter().any(|p| p.graph_owned);
+        let timed = timing_ok && graph::replay_is_timed(e.replays, every) && !self.pending.lock().iter().any(|p| p.graph_owned);
         e.replays += 1;
         graphs.replays += 1;
         if timed && e.timed.is_none() {
+            let t0 = Instant::now();
             let events = (0..=e.ops.len()).map(|_| self.api.event_create()).collect::<Result<Vec<_>>>()?;
             let graph = self.capture(&e.ops, Some(&events))?;
             e.timed = Some(TimedGraph { graph, events });
+            tracing::debug!(ops = e.ops.len(), replays = e.replays, micros = t0.elapsed().as_micros() as u64, "GPU timed graph captured");
         }
         match (&e.timed, timed) {
             (Some(t), true) => {
@@ -1042,6 +1105,10 @@ impl<A: GpuApi> GpuBackend<A> {
     /// Turns completed event pairs into registry samples. Call after the stream is idle.
     fn resolve_timings(&self) {
         let pending = std::mem::take(&mut *self.pending.lock());
+        if pending.is_empty() {
+            return;
+        }
+        let (t0, n) = (Instant::now(), pending.len());
         let backend = self.api.backend_name();
         let mut spare = self.spare_events.lock();
         for p in pending {
@@ -1059,6 +1126,7 @@ impl<A: GpuApi> GpuBackend<A> {
                 spare.push(p.end);
             }
         }
+        tracing::debug!(timings = n, micros = t0.elapsed().as_micros() as u64, "GPU kernel timings resolved");
     }
 
     fn elementwise(&self, name: &'static str, n: usize, args: Args) -> Result<()> {
@@ -1722,7 +1790,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
     }
 
     fn alloc_kv_cache(&self, len: usize) -> Result<Self::KvBuffer> {
-        Ok(GpuBuffer { mem: self.raw_alloc(len * 2)?, elem: Elem::F16 })
+        Ok(GpuBuffer { mem: self.kv_alloc(len * 2)?, elem: Elem::F16 })
     }
 
     fn kv_cache_elem_bytes(&self) -> usize {
