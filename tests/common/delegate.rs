@@ -160,13 +160,6 @@ pub trait Hooks<B: Backend>: Send + Sync + Sized + 'static {
     }
 }
 
-/// Hooks that change nothing: the inner backend as it is (a baseline beside a hooked one).
-pub struct Plain;
-
-impl<B: Backend> Hooks<B> for Plain {
-    type Table = InnerTable<B>;
-}
-
 impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
     type Buffer = B::Buffer;
     type KvBuffer = B::KvBuffer;
