@@ -5,8 +5,8 @@
 //! that forwards only some methods silently inherits the trait's defaults for the others,
 //! which can differ from the inner backend's own implementations (the CPU backend's fused
 //! `matmul_add`, `rope_qk`, `attention_paged_many`, ...), so the test would no longer run the
-//! code it claims to check. Here every method forwards, through a `Hooks` method whose
-//! default is the plain call on the inner backend; a test overrides the hooks it needs.
+//! code it claims to check. Here every method forwards to the inner backend; the few a test
+//! steps into go through a `Hooks` method whose default is the plain inner call.
 
 use civetta::backend::{
     AttentionShape, Backend, HostBuffer, KvBlocks, Result, RopeScaling, RopeStyle, RoutedExperts, SeqAttention, WeightOf,
@@ -51,41 +51,14 @@ impl<B: Backend, H: Hooks<B>> Delegate<B, H> {
     }
 }
 
-/// One method per `Backend` method, each taking the inner backend first; the defaults forward.
+/// The `Backend` methods a test can step into, each taking the inner backend first; the
+/// defaults forward. A test that needs another one adds its hook here.
 #[allow(clippy::too_many_arguments)]
 pub trait Hooks<B: Backend>: Send + Sync + Sized + 'static {
     type Table: ExpertTableOf<B>;
 
     fn alloc(&self, inner: &B, len: usize) -> Result<B::Buffer> {
         inner.alloc(len)
-    }
-    fn matmul(&self, inner: &B, w: &WeightOf<B>, x: &B::Buffer, rows: usize, out: &mut B::Buffer) -> Result<()> {
-        inner.matmul(w, x, rows, out)
-    }
-    fn kv_store(
-        &self,
-        inner: &B,
-        k: &B::Buffer,
-        v: &B::Buffer,
-        k_cache: &mut B::KvBuffer,
-        v_cache: &mut B::KvBuffer,
-        src_row: usize,
-        start_pos: usize,
-        n_tokens: usize,
-        kv_dim: usize,
-    ) -> Result<()> {
-        inner.kv_store(k, v, k_cache, v_cache, src_row, start_pos, n_tokens, kv_dim)
-    }
-    fn attention(
-        &self,
-        inner: &B,
-        q: &B::Buffer,
-        k_cache: &B::KvBuffer,
-        v_cache: &B::KvBuffer,
-        shape: AttentionShape,
-        out: &mut B::Buffer,
-    ) -> Result<()> {
-        inner.attention(q, k_cache, v_cache, shape, out)
     }
     fn decode_attention_batch(
         &self,
@@ -99,20 +72,6 @@ pub trait Hooks<B: Backend>: Send + Sync + Sized + 'static {
         out: &mut B::Buffer,
     ) -> Result<bool> {
         inner.decode_attention_batch(q, k, v, caches, start_pos, shape, out)
-    }
-    fn kv_store_attention(
-        &self,
-        inner: &B,
-        q: &B::Buffer,
-        k: &B::Buffer,
-        v: &B::Buffer,
-        k_cache: &mut B::KvBuffer,
-        v_cache: &mut B::KvBuffer,
-        shape: AttentionShape,
-        sinks: Option<&[f32]>,
-        out: &mut B::Buffer,
-    ) -> Result<()> {
-        inner.kv_store_attention(q, k, v, k_cache, v_cache, shape, sinks, out)
     }
     fn expert_table(&self, inner: &B, gate: &[&WeightOf<B>], up: &[&WeightOf<B>], down: &[&WeightOf<B>]) -> Result<Option<Self::Table>> {
         Ok(inner.expert_table(gate, up, down)?.map(Self::Table::from_inner))
@@ -212,7 +171,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
         self.inner.rmsnorm_inplace(x, w, rows, dim, eps)
     }
     fn matmul(&self, w: &WeightOf<Self>, x: &Self::Buffer, rows: usize, out: &mut Self::Buffer) -> Result<()> {
-        self.hooks.matmul(&self.inner, w, x, rows, out)
+        self.inner.matmul(w, x, rows, out)
     }
     fn matmul_many(&self, ws: &[&WeightOf<Self>], x: &Self::Buffer, rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
         self.inner.matmul_many(ws, x, rows, outs)
@@ -279,7 +238,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
         n_tokens: usize,
         kv_dim: usize,
     ) -> Result<()> {
-        self.hooks.kv_store(&self.inner, k, v, k_cache, v_cache, src_row, start_pos, n_tokens, kv_dim)
+        self.inner.kv_store(k, v, k_cache, v_cache, src_row, start_pos, n_tokens, kv_dim)
     }
     fn attention(
         &self,
@@ -289,7 +248,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
         shape: AttentionShape,
         out: &mut Self::Buffer,
     ) -> Result<()> {
-        self.hooks.attention(&self.inner, q, k_cache, v_cache, shape, out)
+        self.inner.attention(q, k_cache, v_cache, shape, out)
     }
     fn decode_attention_batch(
         &self,
@@ -365,7 +324,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
         sinks: Option<&[f32]>,
         out: &mut Self::Buffer,
     ) -> Result<()> {
-        self.hooks.kv_store_attention(&self.inner, q, k, v, k_cache, v_cache, shape, sinks, out)
+        self.inner.kv_store_attention(q, k, v, k_cache, v_cache, shape, sinks, out)
     }
     fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()> {
         self.inner.silu_mul(gate, up, n)
