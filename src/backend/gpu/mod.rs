@@ -809,10 +809,10 @@ impl<A: GpuApi> GpuBackend<A> {
             let lowest = (0..v.len()).min_by_key(|&i| v[i])?;
             Some(v.swap_remove(lowest))
         });
-        if let Some(ptr) = reused {
-            return Ok(DevBuf { ptr, class: bytes, pooled: true, host: 0, pool: self.pool.clone() });
-        }
-        let ptr = self.device_alloc(bytes)?;
+        let ptr = match reused {
+            Some(ptr) => ptr,
+            None => self.device_alloc(bytes)?,
+        };
         Ok(DevBuf { ptr, class: bytes, pooled: true, host: 0, pool: self.pool.clone() })
     }
 
@@ -849,10 +849,11 @@ impl<A: GpuApi> GpuBackend<A> {
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
     fn pooled_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let class = bytes.max(256).next_power_of_two();
-        if let Some(ptr) = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop()) {
-            return Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() });
-        }
-        let ptr = self.device_alloc(class)?;
+        let reused = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop());
+        let ptr = match reused {
+            Some(ptr) => ptr,
+            None => self.device_alloc(class)?,
+        };
         Ok(DevBuf { ptr, class, pooled: true, host: 0, pool: self.pool.clone() })
     }
 
@@ -962,30 +963,33 @@ impl<A: GpuApi> GpuBackend<A> {
                 drop(graphs);
                 self.queue_eager(&ops)
             }
-            Decision::Capture => match (Instant::now(), self.capture(&ops, None)) {
-                (t0, Ok(plain)) => {
-                    graphs.captures += 1;
-                    tracing::debug!(
-                        ops = ops.len(),
-                        captures = graphs.captures,
-                        micros = t0.elapsed().as_micros() as u64,
-                        "GPU graph captured"
-                    );
-                    let calls = graph::launch_counts(&ops);
-                    if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
-                        self.api.synchronize()?;
-                        self.destroy_graph(old);
+            Decision::Capture => {
+                let t0 = Instant::now();
+                match self.capture(&ops, None) {
+                    Ok(plain) => {
+                        graphs.captures += 1;
+                        tracing::debug!(
+                            ops = ops.len(),
+                            captures = graphs.captures,
+                            micros = t0.elapsed().as_micros() as u64,
+                            "GPU graph captured"
+                        );
+                        let calls = graph::launch_counts(&ops);
+                        if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
+                            self.api.synchronize()?;
+                            self.destroy_graph(old);
+                        }
+                        let i = graphs.entries.len() - 1;
+                        self.replay(&mut graphs, i)
                     }
-                    let i = graphs.entries.len() - 1;
-                    self.replay(&mut graphs, i)
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "GPU graph capture failed: launching eagerly from now on");
+                        graphs.disabled = true;
+                        drop(graphs);
+                        self.queue_eager(&ops)
+                    }
                 }
-                (_, Err(e)) => {
-                    tracing::warn!(error = %format!("{e:#}"), "GPU graph capture failed: launching eagerly from now on");
-                    graphs.disabled = true;
-                    drop(graphs);
-                    self.queue_eager(&ops)
-                }
-            },
+            }
             Decision::Replay(i) => self.replay(&mut graphs, i),
         }
     }
