@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod delegate;
+pub mod fake_gpu;
 
 pub fn civetta() -> Command {
     Command::new(env!("CARGO_BIN_EXE_civetta"))

@@ -458,6 +458,20 @@ struct Pool {
     unmap: Box<dyn Fn(u64) + Send + Sync>,
 }
 
+impl Pool {
+    /// A free buffer of `class` bytes: the lowest free address. Taking the lowest instead of
+    /// the last one freed makes the addresses a step gets depend only on which buffers are
+    /// free, not on the order earlier steps freed them in: a request's prefill, or two buffers
+    /// of one class freed in allocation order, would otherwise hand the next decode steps a
+    /// permutation of the same buffers, and each permutation is a new tape (a new graph).
+    fn take(&self, class: usize) -> Option<DevicePtr> {
+        let mut free = self.free.lock();
+        let v = free.get_mut(&class)?;
+        let lowest = (0..v.len()).min_by_key(|&i| v[i])?;
+        Some(v.swap_remove(lowest))
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         for (_, ptrs) in self.free.get_mut().drain() {
@@ -656,6 +670,12 @@ fn version_key(p: &Path) -> Vec<u32> {
     tag.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse().ok()).collect()
 }
 
+/// The kernel images (`<name>.<ext>` in the kernel folder) the backend loads, one per
+/// kernels/*.hip file it launches from.
+pub fn kernel_image_names() -> impl Iterator<Item = &'static str> {
+    KERNEL_FILES.iter().map(|(file, _)| *file)
+}
+
 impl<A: GpuApi> GpuBackend<A> {
     pub fn new(api: A, opts: &GpuOptions) -> anyhow::Result<Self> {
         let api = Arc::new(api);
@@ -802,14 +822,9 @@ impl<A: GpuApi> GpuBackend<A> {
     /// pool's free buffers are given back to the driver first.
     fn kv_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let bytes = bytes.max(1);
-        // The lowest free address: a sequence's caches are dropped in another order than they
-        // are allocated in (all K layers, then all V), so taking the last one freed would hand
-        // each request a new permutation of the same buffers, and a new graph.
-        let reused = self.pool.free.lock().get_mut(&bytes).and_then(|v| {
-            let lowest = (0..v.len()).min_by_key(|&i| v[i])?;
-            Some(v.swap_remove(lowest))
-        });
-        let ptr = match reused {
+        // The lowest free address (`Pool::take`): a sequence's caches are dropped in another
+        // order than they are allocated in (all K layers, then all V).
+        let ptr = match self.pool.take(bytes) {
             Some(ptr) => ptr,
             None => self.device_alloc(bytes)?,
         };
@@ -849,8 +864,7 @@ impl<A: GpuApi> GpuBackend<A> {
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
     fn pooled_alloc(&self, bytes: usize) -> Result<DevBuf> {
         let class = bytes.max(256).next_power_of_two();
-        let reused = self.pool.free.lock().get_mut(&class).and_then(|v| v.pop());
-        let ptr = match reused {
+        let ptr = match self.pool.take(class) {
             Some(ptr) => ptr,
             None => self.device_alloc(class)?,
         };
@@ -2201,6 +2215,36 @@ mod tests {
         let d = default_kernel_dir(dir.path(), "sm_90").unwrap();
         assert!(d.ends_with("clang-22.1.8/sm_90"), "{}", d.display());
         assert!(default_kernel_dir(dir.path(), "sm_80").is_none());
+    }
+
+    fn pool() -> Arc<Pool> {
+        Arc::new(Pool { free: Mutex::new(HashMap::new()), release: Box::new(|_| {}), unmap: Box::new(|_| {}) })
+    }
+
+    fn pooled(pool: &Arc<Pool>, class: usize, ptr: DevicePtr) -> DevBuf {
+        DevBuf { ptr, class, pooled: true, host: 0, pool: pool.clone() }
+    }
+
+    #[test]
+    fn a_pool_hands_out_the_lowest_free_address_whatever_order_buffers_came_back_in() {
+        // Three buffers of one class, freed in two different orders (a prefill's order, a
+        // decode step's): the next steps get the same addresses either way.
+        for order in [[0x3000, 0x1000, 0x2000], [0x1000, 0x2000, 0x3000]] {
+            let p = pool();
+            for ptr in order {
+                drop(pooled(&p, 512, ptr));
+            }
+            for _step in 0..3 {
+                // Two live at once, freed in allocation order (which a last-freed-first pool
+                // would swap at every step).
+                let a = pooled(&p, 512, p.take(512).unwrap());
+                let b = pooled(&p, 512, p.take(512).unwrap());
+                assert_eq!((a.ptr, b.ptr), (0x1000, 0x2000), "order {order:x?}");
+                drop(a);
+                drop(b);
+            }
+            assert_eq!(p.take(1024), None, "another class has nothing free");
+        }
     }
 
     #[test]

@@ -1,0 +1,109 @@
+//! The GPU backend's host side on a fake device (tests/common/fake_gpu.rs): which tapes
+//! become graphs, how buffers are reused, what happens when the device is full. The kernels
+//! themselves run only on a GPU (scripts/gpu-check.sh); nothing here computes a number.
+
+mod common;
+use civetta::backend::gpu::GpuBackend;
+use civetta::backend::Backend;
+use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams};
+use common::fake_gpu::{fake_options, FakeGpu};
+use common::*;
+use std::sync::Arc;
+
+fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) {
+    let req = GenerationRequest {
+        prompt: PromptInput::Tokens(prompt),
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        top_logprobs: 0,
+    };
+    let mut stream = engine.submit(req).unwrap();
+    while let Some(ev) = stream.blocking_next() {
+        match ev {
+            GenerationEvent::Token { .. } => {}
+            GenerationEvent::Done(s) => {
+                assert_eq!(s.completion_tokens, max_tokens);
+                return;
+            }
+            GenerationEvent::Error(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("the stream ended without a result");
+}
+
+/// `civetta bench`'s runs on one engine: prefills of 400 tokens, then tg runs, each a new
+/// request of one prompt token and the same number of decode steps. After the first, a request
+/// like the last one replays the decode graphs captured before and captures none (its KV
+/// caches are the last one's, `GpuBackend::kv_alloc`): a graph capture (and the eager run of a
+/// tape seen for the first time) costs a millisecond or more per request on the device, which
+/// session 17 measured as most of kernel timing's cost (docs/GPU.md).
+#[test]
+fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Head size 64 (the GPU attention kernels' smallest), the decode path of the 1.4B bench model.
+    let model = dir.path().join("llama-d64.gguf");
+    let out = civetta()
+        .args(["model", "synth", "--arch", "llama", "--quant", "q8_0", "--size", "1b", "--layers", "2", "--dim", "256"])
+        .args(["--ffn", "512", "--heads", "4", "--kv-heads", "2", "--context", "512", "--seed", "1", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
+    let kernels = tempfile::tempdir().unwrap();
+    let api = FakeGpu::default();
+    let be = Arc::new(GpuBackend::new(api.clone(), &fake_options(kernels.path())).unwrap());
+    let cfg = EngineConfig {
+        model_path: model,
+        max_active_sequences: 1,
+        context_length: 512,
+        prefill_batch: 2048,
+        max_batch_tokens: 2048,
+        kernel_timing: civetta::engine::KernelTimingConfig { enabled: true, sample_rate: Some(0.05) },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::load_on(cfg, be.clone()).unwrap();
+    for r in 0..4u32 {
+        // Prompts that differ (no prefix-cache hit), as bench's pp runs.
+        generate(&engine, (0..400).map(|i| 1 + (i + r) % 200).collect(), 1);
+    }
+    let mut captures = Vec::new();
+    for _ in 0..4 {
+        generate(&engine, vec![1], 41);
+        captures.push(be.graph_counts().0);
+    }
+    let (total, replays) = be.graph_counts();
+    assert!(replays > 100, "the decode steps replay graphs ({replays} replays, {total} captures)");
+    assert!(captures[0] >= 1, "the first request captures its decode step: {captures:?}");
+    assert_eq!(captures[1..], [captures[1]; 3], "captures after each request: {captures:?}");
+    assert_eq!(captures[1], captures[0], "the second request captured new graphs: {captures:?}");
+    let (eager, graphs) = api.launch_counts();
+    eprintln!("captures {captures:?}, replays {replays}, launches {eager}, graph launches {graphs}");
+}
+
+/// A KV cache freed by a finished sequence stays in the backend's pool for the next one of
+/// its size; a sequence of another size that finds the device full gets the pool's buffers
+/// given back to the driver and its allocation tried again, instead of failing.
+#[test]
+fn a_full_device_gets_the_pooled_kv_caches_back_before_an_allocation_fails() {
+    let kernels = tempfile::tempdir().unwrap();
+    let api = FakeGpu::with_budget(1 << 20);
+    let be = GpuBackend::new(api.clone(), &fake_options(kernels.path())).unwrap();
+    let elem = be.kv_cache_elem_bytes();
+    let base = api.used_bytes(); // what loading took (the positions buffer and such)
+    let kv = be.alloc_kv_cache((600 << 10) / elem).unwrap();
+    drop(kv); // to the pool, still allocated on the device
+    assert_eq!(api.used_bytes() - base, 600 << 10);
+    let again = be.alloc_kv_cache((600 << 10) / elem).unwrap();
+    assert_eq!(api.used_bytes() - base, 600 << 10, "the same size reuses the pooled cache");
+    drop(again);
+    // 700 KiB does not fit beside the pooled 600 KiB on a 1 MiB device.
+    let other = be.alloc_kv_cache((700 << 10) / elem).unwrap();
+    assert_eq!(api.failed_allocs(), 1, "the first try failed");
+    assert_eq!(api.used_bytes() - base, 700 << 10, "the pooled cache went back to the driver");
+    drop(other);
+    let err = be.alloc_kv_cache((2 << 20) / elem).err().expect("2 MiB on a 1 MiB device");
+    assert!(format!("{err}").contains("out of device memory"), "{err}");
+    assert_eq!(api.failed_allocs(), 3, "tried again once after giving the pool back");
+}
