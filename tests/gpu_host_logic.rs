@@ -78,12 +78,17 @@ fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     assert!(captures[0] >= 1, "the first request captures its decode step: {captures:?}");
     assert_eq!(captures[1..], [captures[1]; 3], "captures after each request: {captures:?}");
     assert_eq!(captures[1], captures[0], "the second request captured new graphs: {captures:?}");
+    // A request of another length whose caches fall in the same size class (2 prompt
+    // tokens instead of 1: 44 positions instead of 43, 256 bytes each, both in the 11 KiB
+    // class of `kv_size_class`) decodes on the same graphs too.
+    generate(&engine, vec![1, 2], 41);
+    assert_eq!(be.graph_counts().0, captures[0], "a request one token longer captured new graphs");
     let (eager, graphs) = api.launch_counts();
     eprintln!("captures {captures:?}, replays {replays}, launches {eager}, graph launches {graphs}");
 }
 
 /// A KV cache freed by a finished sequence stays in the backend's pool for the next one of
-/// its size; a sequence of another size that finds the device full gets the pool's buffers
+/// its size class; a sequence of another size that finds the device full gets the pool's buffers
 /// given back to the driver and its allocation tried again, instead of failing.
 #[test]
 fn a_full_device_gets_the_pooled_kv_caches_back_before_an_allocation_fails() {
@@ -92,16 +97,19 @@ fn a_full_device_gets_the_pooled_kv_caches_back_before_an_allocation_fails() {
     let be = GpuBackend::new(api.clone(), &fake_options(kernels.path())).unwrap();
     let elem = be.kv_cache_elem_bytes();
     let base = api.used_bytes(); // what loading took (the positions buffer and such)
-    let kv = be.alloc_kv_cache((600 << 10) / elem).unwrap();
-    drop(kv); // to the pool, still allocated on the device
-    assert_eq!(api.used_bytes() - base, 600 << 10);
-    let again = be.alloc_kv_cache((600 << 10) / elem).unwrap();
-    assert_eq!(api.used_bytes() - base, 600 << 10, "the same size reuses the pooled cache");
+    let kv = be.alloc_kv_cache((512 << 10) / elem).unwrap();
+    drop(kv); // to the pool, still allocated on the device (sizes of whole size classes)
+    assert_eq!(api.used_bytes() - base, 512 << 10);
+    let again = be.alloc_kv_cache((512 << 10) / elem).unwrap();
+    assert_eq!(api.used_bytes() - base, 512 << 10, "the same size reuses the pooled cache");
     drop(again);
-    // 700 KiB does not fit beside the pooled 600 KiB on a 1 MiB device.
-    let other = be.alloc_kv_cache((700 << 10) / elem).unwrap();
+    let similar = be.alloc_kv_cache((500 << 10) / elem).unwrap();
+    assert_eq!(api.used_bytes() - base, 512 << 10, "a size of the same class reuses it too");
+    drop(similar);
+    // 768 KiB does not fit beside the pooled 512 KiB on a 1 MiB device.
+    let other = be.alloc_kv_cache((768 << 10) / elem).unwrap();
     assert_eq!(api.failed_allocs(), 1, "the first try failed");
-    assert_eq!(api.used_bytes() - base, 700 << 10, "the pooled cache went back to the driver");
+    assert_eq!(api.used_bytes() - base, 768 << 10, "the pooled cache went back to the driver");
     drop(other);
     let err = be.alloc_kv_cache((2 << 20) / elem).err().expect("2 MiB on a 1 MiB device");
     assert!(format!("{err}").contains("out of device memory"), "{err}");

@@ -670,6 +670,19 @@ fn version_key(p: &Path) -> Vec<u32> {
     tag.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse().ok()).collect()
 }
 
+/// The bytes a KV cache of `bytes` is given: rounded up to one of eight sizes per octave
+/// (at most 12.5% more; multiples of 256 below 4 KiB). A sequence's caches are sized for
+/// its prompt + max_tokens, so with exact sizes nearly every request would get buffers no
+/// earlier request had, and with them a decode tape of its own: an eager first step, a
+/// graph capture (~1 ms on an H100) and, with kernel timing on, its timed twin (~2 ms).
+fn kv_size_class(bytes: usize) -> usize {
+    if bytes <= 4096 {
+        return bytes.max(1).next_multiple_of(256);
+    }
+    let octave = usize::BITS - 1 - bytes.leading_zeros(); // 2^octave <= bytes
+    bytes.next_multiple_of(1 << (octave - 3))
+}
+
 /// The kernel images (`<name>.<ext>` in the kernel folder) the backend loads, one per
 /// kernels/*.hip file it launches from.
 pub fn kernel_image_names() -> impl Iterator<Item = &'static str> {
@@ -815,13 +828,13 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(DevBuf { ptr, class: bytes.len(), pooled: false, host: bytes.as_ptr() as u64, pool: self.pool.clone() })
     }
 
-    /// A KV cache of exactly `bytes`, pooled under that size: the next sequence that needs
-    /// the same size (a request like the last one) gets the same addresses, so the decode
-    /// graphs captured for the last one replay for it instead of being captured again (a
-    /// step's tape holds its caches' addresses). Where the device is out of memory, the
-    /// pool's free buffers are given back to the driver first.
+    /// A KV cache of at least `bytes`, pooled under its size class (`kv_size_class`): the
+    /// next sequence of a similar size (prompt + max_tokens within about 12%) gets the same
+    /// addresses, so the decode graphs captured for the last one replay for it instead of
+    /// being captured again (a step's tape holds its caches' addresses). Where the device is
+    /// out of memory, the pool's free buffers are given back to the driver first.
     fn kv_alloc(&self, bytes: usize) -> Result<DevBuf> {
-        let bytes = bytes.max(1);
+        let bytes = kv_size_class(bytes);
         // The lowest free address (`Pool::take`): a sequence's caches are dropped in another
         // order than they are allocated in (all K layers, then all V).
         let ptr = match self.pool.take(bytes) {
@@ -2245,6 +2258,20 @@ mod tests {
             }
             assert_eq!(p.take(1024), None, "another class has nothing free");
         }
+    }
+
+    #[test]
+    fn kv_caches_of_similar_size_share_a_size_class() {
+        for bytes in (1..200_000).step_by(97).chain([4096, 4097, 1 << 20, (1 << 20) + 1, 3 << 30]) {
+            let c = kv_size_class(bytes);
+            assert!(c >= bytes, "{bytes} -> {c}");
+            assert!(c <= (bytes + 255).max(bytes + bytes / 8), "{bytes} -> {c}: more than 12.5% over");
+            assert_eq!(kv_size_class(c), c, "a class is its own class");
+        }
+        // 1.4B bench model (2 KV heads x 128, f16: 512 bytes a position): 130 and 141
+        // positions (a 1-token prompt + 129, a 12-token prompt + 129) share one class.
+        assert_eq!(kv_size_class(130 * 512), kv_size_class(141 * 512));
+        assert_ne!(kv_size_class(130 * 512), kv_size_class(150 * 512));
     }
 
     #[test]
