@@ -5,20 +5,14 @@
 mod common;
 use civetta::backend::gpu::GpuBackend;
 use civetta::backend::Backend;
-use civetta::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, PromptInput, SamplingParams};
+use civetta::engine::{Engine, EngineConfig, GenerationEvent};
 use common::fake_gpu::{fake_options, FakeGpu};
 use common::*;
 use std::sync::Arc;
 
+/// Runs a greedy request to its end; it must generate `max_tokens`.
 fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) {
-    let req = GenerationRequest {
-        prompt: PromptInput::Tokens(prompt),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        top_logprobs: 0,
-    };
+    let req = greedy_request(prompt, max_tokens);
     let mut stream = engine.submit(req).unwrap();
     while let Some(ev) = stream.blocking_next() {
         match ev {
@@ -36,9 +30,9 @@ fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) {
 /// `civetta bench`'s runs on one engine: prefills of 400 tokens, then tg runs, each a new
 /// request of one prompt token and the same number of decode steps. After the first, a request
 /// like the last one replays the decode graphs captured before and captures none (its KV
-/// caches are the last one's, `GpuBackend::kv_alloc`): a graph capture (and the eager run of a
-/// tape seen for the first time) costs a millisecond or more per request on the device, which
-/// session 17 measured as most of kernel timing's cost (docs/GPU.md).
+/// caches are the last one's, from the backend's pool): on the device, a new tape costs an
+/// eager step, a capture (0.8-1.3 ms on an H100) and, with kernel timing on, a timed twin
+/// (1.6-2.1 ms; session 17's logs, docs/GPU.md).
 #[test]
 fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     let dir = tempfile::tempdir().unwrap();
