@@ -461,9 +461,10 @@ struct Pool {
 impl Pool {
     /// A free buffer of `class` bytes: the lowest free address. Taking the lowest instead of
     /// the last one freed makes the addresses a step gets depend only on which buffers are
-    /// free, not on the order earlier steps freed them in: a request's prefill, or two buffers
-    /// of one class freed in allocation order, would otherwise hand the next decode steps a
-    /// permutation of the same buffers, and each permutation is a new tape (a new graph).
+    /// free, not on the order earlier steps freed them in: where a request's prefill, or two
+    /// buffers of one class freed in allocation order, left them in another order, the last
+    /// freed first would hand the next steps a permutation of the same buffers, and each
+    /// permutation is a new tape (a new graph).
     fn take(&self, class: usize) -> Option<DevicePtr> {
         let mut free = self.free.lock();
         let v = free.get_mut(&class)?;
