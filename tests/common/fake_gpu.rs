@@ -1,5 +1,5 @@
 //! A `GpuApi` with no device behind it: allocations are numbered addresses (with an optional
-//! byte budget, so out-of-memory can be provoked), launches and copies are counted and do
+//! byte budget, so out-of-memory can be provoked), launches are counted and, like copies, do
 //! nothing, downloads return zeros, and graph capture works as the drivers' does from the
 //! backend's side (begin, queued work, end, launch). The shared GPU backend runs on it
 //! unchanged, so its host-side logic (tapes, graphs, pooled buffers, KV reuse) is tested
