@@ -77,8 +77,6 @@ fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     // class of `kv_size_class`) decodes on the same graphs too.
     generate(&engine, vec![1, 2], 41);
     assert_eq!(be.graph_counts().0, captures[0], "a request one token longer captured new graphs");
-    let (eager, graphs) = api.launch_counts();
-    eprintln!("captures {captures:?}, replays {replays}, launches {eager}, graph launches {graphs}");
 }
 
 /// A KV cache freed by a finished sequence stays in the backend's pool for the next one of

@@ -1,6 +1,5 @@
 //! A `GpuApi` with no device behind it: allocations are numbered addresses (with an optional
-//! byte budget, so out-of-memory can be provoked), launches are counted and, like copies, do
-//! nothing, downloads return zeros, and graph capture works as the drivers' does from the
+//! byte budget, so out-of-memory can be provoked), launches and copies do nothing, downloads return zeros, and graph capture works as the drivers' does from the
 //! backend's side (begin, queued work, end, launch). The shared GPU backend runs on it
 //! unchanged, so its host-side logic (tapes, graphs, pooled buffers, KV reuse) is tested
 //! without a GPU. Nothing it computes is a number: never compare its outputs.
@@ -12,7 +11,6 @@ use civetta::kernel_registry::KernelResources;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,15 +25,18 @@ struct Shared {
     /// Bytes the device holds; 0 = unlimited.
     budget: usize,
     state: Mutex<State>,
-    launches: AtomicU64,
-    graph_launches: AtomicU64,
+}
+
+impl State {
+    fn used(&self) -> usize {
+        self.live.values().sum()
+    }
 }
 
 #[derive(Default)]
 struct State {
     next_addr: u64,
     live: HashMap<DevicePtr, usize>,
-    used: usize,
     next_handle: u64,
     capturing: bool,
     failed_allocs: u64,
@@ -48,17 +49,12 @@ impl FakeGpu {
 
     /// Device bytes allocated and not freed.
     pub fn used_bytes(&self) -> usize {
-        self.state().used
+        self.state().used()
     }
 
     /// Allocations refused for lack of memory so far.
     pub fn failed_allocs(&self) -> u64 {
         self.state().failed_allocs
-    }
-
-    /// Kernels launched one by one (eagerly or while capturing), and graphs launched.
-    pub fn launch_counts(&self) -> (u64, u64) {
-        (self.shared.launches.load(Ordering::Relaxed), self.shared.graph_launches.load(Ordering::Relaxed))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -99,7 +95,7 @@ impl GpuApi for FakeGpu {
     }
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         let mut s = self.state();
-        if self.shared.budget > 0 && s.used + bytes > self.shared.budget {
+        if self.shared.budget > 0 && s.used() + bytes > self.shared.budget {
             s.failed_allocs += 1;
             return Err(Error::OutOfMemory { backend: "fake", bytes });
         }
@@ -107,14 +103,11 @@ impl GpuApi for FakeGpu {
         // depend on either).
         let ptr = 0x1_0000_0000 + s.next_addr;
         s.next_addr += (bytes as u64).next_multiple_of(256);
-        s.used += bytes;
         s.live.insert(ptr, bytes);
         Ok(ptr)
     }
     fn free(&self, ptr: DevicePtr) {
-        let mut s = self.state();
-        let bytes = s.live.remove(&ptr).expect("free of an address that is not allocated");
-        s.used -= bytes;
+        self.state().live.remove(&ptr).expect("free of an address that is not allocated");
     }
     fn upload(&self, _dst: DevicePtr, _src: &[u8]) -> Result<()> {
         Ok(())
@@ -141,7 +134,6 @@ impl GpuApi for FakeGpu {
         _params: &mut [*mut c_void],
         _overlap_previous: bool,
     ) -> Result<()> {
-        self.shared.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn event_create(&self) -> Result<EventHandle> {
@@ -168,7 +160,6 @@ impl GpuApi for FakeGpu {
         Ok(GraphHandle(self.handle()))
     }
     fn graph_launch(&self, _g: GraphHandle) -> Result<()> {
-        self.shared.graph_launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn resources(&self, _image: &[u8], _name: &str, _f: FunctionHandle, _block_threads: u32) -> Option<KernelResources> {

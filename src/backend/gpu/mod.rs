@@ -835,14 +835,9 @@ impl<A: GpuApi> GpuBackend<A> {
     /// being captured again (a step's tape holds its caches' addresses). Where the device is
     /// out of memory, the pool's free buffers are given back to the driver first.
     fn kv_alloc(&self, bytes: usize) -> Result<DevBuf> {
-        let bytes = kv_size_class(bytes);
-        // The lowest free address (`Pool::take`): a sequence's caches are dropped in another
-        // order than they are allocated in (all K layers, then all V).
-        let ptr = match self.pool.take(bytes) {
-            Some(ptr) => ptr,
-            None => self.device_alloc(bytes)?,
-        };
-        Ok(DevBuf { ptr, class: bytes, pooled: true, host: 0, pool: self.pool.clone() })
+        // The lowest free address (`Pool::take`) matters here too: a sequence's caches are
+        // dropped in another order than they are allocated in (all K layers, then all V).
+        self.pooled_of_class(kv_size_class(bytes))
     }
 
     /// Device memory from the driver; where it is out of memory, once more after the pool's
@@ -877,7 +872,12 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// A pooled buffer of at least `bytes` (power-of-two size classes from 256 bytes).
     fn pooled_alloc(&self, bytes: usize) -> Result<DevBuf> {
-        let class = bytes.max(256).next_power_of_two();
+        self.pooled_of_class(bytes.max(256).next_power_of_two())
+    }
+
+    /// A buffer of exactly `class` bytes from the pool (`Pool::take`), else from the driver;
+    /// it goes back to the pool under `class` when dropped.
+    fn pooled_of_class(&self, class: usize) -> Result<DevBuf> {
         let ptr = match self.pool.take(class) {
             Some(ptr) => ptr,
             None => self.device_alloc(class)?,
