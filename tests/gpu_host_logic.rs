@@ -3,29 +3,12 @@
 //! themselves run only on a GPU (scripts/gpu-check.sh); nothing here computes a number.
 
 mod common;
-use civetta::backend::gpu::GpuBackend;
+use civetta::backend::gpu::{GpuBackend, GpuOptions};
 use civetta::backend::Backend;
-use civetta::engine::{Engine, EngineConfig, GenerationEvent};
-use common::fake_gpu::{fake_options, FakeGpu};
+use civetta::engine::{Engine, EngineConfig};
+use common::fake_gpu::{decode_test_model, fake_options, FakeGpu};
 use common::*;
 use std::sync::Arc;
-
-/// Runs a greedy request to its end; it must generate `max_tokens`.
-fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) {
-    let req = greedy_request(prompt, max_tokens);
-    let mut stream = engine.submit(req).unwrap();
-    while let Some(ev) = stream.blocking_next() {
-        match ev {
-            GenerationEvent::Token { .. } => {}
-            GenerationEvent::Done(s) => {
-                assert_eq!(s.completion_tokens, max_tokens);
-                return;
-            }
-            GenerationEvent::Error(e) => panic!("generation failed: {e}"),
-        }
-    }
-    panic!("the stream ended without a result");
-}
 
 /// `civetta bench`'s runs on one engine: prefills of 400 tokens, then tg runs, each a new
 /// request of one prompt token and the same number of decode steps. After the first, a request
@@ -36,15 +19,7 @@ fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) {
 #[test]
 fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     let dir = tempfile::tempdir().unwrap();
-    // Head size 64 (the GPU attention kernels' smallest), the decode path of the 1.4B bench model.
-    let model = dir.path().join("llama-d64.gguf");
-    let out = civetta()
-        .args(["model", "synth", "--arch", "llama", "--quant", "q8_0", "--size", "1b", "--layers", "2", "--dim", "256"])
-        .args(["--ffn", "512", "--heads", "4", "--kv-heads", "2", "--context", "512", "--seed", "1", "-o"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
+    let model = decode_test_model(dir.path());
     let kernels = tempfile::tempdir().unwrap();
     let api = FakeGpu::default();
     let be = Arc::new(GpuBackend::new(api.clone(), &fake_options(kernels.path())).unwrap());
@@ -60,11 +35,11 @@ fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     let engine = Engine::load_on(cfg, be.clone()).unwrap();
     for r in 0..4u32 {
         // Prompts that differ (no prefix-cache hit), as bench's pp runs.
-        generate(&engine, (0..400).map(|i| 1 + (i + r) % 200).collect(), 1);
+        generate_to_end(&engine, (0..400).map(|i| 1 + (i + r) % 200).collect(), 1);
     }
     let mut captures = Vec::new();
     for _ in 0..4 {
-        generate(&engine, vec![1], 41);
+        generate_to_end(&engine, vec![1], 41);
         captures.push(be.graph_counts().0);
     }
     let (total, replays) = be.graph_counts();
@@ -75,7 +50,7 @@ fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     // A request of another length whose caches fall in the same size class (2 prompt
     // tokens instead of 1: 44 positions instead of 43, 256 bytes each, both in the 11 KiB
     // class of `kv_size_class`) decodes on the same graphs too.
-    generate(&engine, vec![1, 2], 41);
+    generate_to_end(&engine, vec![1, 2], 41);
     assert_eq!(be.graph_counts().0, captures[0], "a request one token longer captured new graphs");
 }
 
@@ -106,4 +81,29 @@ fn a_full_device_gets_the_pooled_kv_caches_back_before_an_allocation_fails() {
     let err = be.alloc_kv_cache((2 << 20) / elem).err().expect("2 MiB on a 1 MiB device");
     assert!(format!("{err}").contains("out of device memory"), "{err}");
     assert_eq!(api.failed_allocs(), 3, "tried again once after giving the pool back");
+}
+
+/// Freed buffers beyond `engine.gpu.pool_free_bytes` go back to the driver at the next point
+/// the stream is idle; those within it stay pooled for the next request of their size class.
+#[test]
+fn freed_kv_caches_beyond_the_pool_limit_go_back_to_the_driver() {
+    let kernels = tempfile::tempdir().unwrap();
+    let api = FakeGpu::default();
+    let opts = GpuOptions { pool_free_bytes: 768 << 10, ..fake_options(kernels.path()) };
+    let be = GpuBackend::new(api.clone(), &opts).unwrap();
+    let elem = be.kv_cache_elem_bytes();
+    let base = api.used_bytes();
+    let caches: Vec<_> = (0..3).map(|_| be.alloc_kv_cache((512 << 10) / elem).unwrap()).collect();
+    let small = be.alloc_kv_cache((64 << 10) / elem).unwrap();
+    drop(caches);
+    drop(small);
+    assert_eq!(api.used_bytes() - base, (3 * 512 + 64) << 10, "freed caches stay pooled until the stream is idle");
+    be.synchronize().unwrap();
+    // 1,600 KiB free against a limit of 768 KiB: two 512 KiB caches go, one stays with the small one.
+    assert_eq!(api.used_bytes() - base, (512 + 64) << 10);
+    let again = be.alloc_kv_cache((512 << 10) / elem).unwrap();
+    assert_eq!(api.used_bytes() - base, (512 + 64) << 10, "the kept cache is reused");
+    drop(again);
+    be.synchronize().unwrap();
+    assert_eq!(api.used_bytes() - base, (512 + 64) << 10, "within the limit nothing goes");
 }

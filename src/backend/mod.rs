@@ -690,6 +690,10 @@ pub struct BackendArgs {
     /// default true; CUDA sm_90+; `--gpu-overlap-launches false` launches each after the previous).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_overlap_launches: Option<bool>,
+    /// GPU: timed graph replays read a device clock from a stamp kernel between launches
+    /// (engine.gpu.timing_stamps, default true; `--gpu-timing-stamps false` records events there).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_timing_stamps: Option<bool>,
 }
 
 impl BackendArgs {
@@ -710,6 +714,8 @@ impl BackendArgs {
             moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
             q4k_f16_copies: self.gpu_q4k_f16_copies.unwrap_or(false),
             overlap_launches: self.gpu_overlap_launches.unwrap_or(true),
+            timing_stamps: self.gpu_timing_stamps.unwrap_or(true),
+            pool_free_bytes: gpu::DEFAULT_POOL_FREE_BYTES,
         }
     }
 }

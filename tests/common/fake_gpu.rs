@@ -1,8 +1,14 @@
 //! A `GpuApi` with no device behind it: allocations are numbered addresses (with an optional
-//! byte budget, so out-of-memory can be provoked), launches and copies do nothing, downloads return zeros, and graph capture works as the drivers' does from the
-//! backend's side (begin, queued work, end, launch). The shared GPU backend runs on it
-//! unchanged, so its host-side logic (tapes, graphs, pooled buffers, KV reuse) is tested
-//! without a GPU. Nothing it computes is a number: never compare its outputs.
+//! byte budget, so out-of-memory can be provoked), launches and copies do nothing, downloads
+//! return zeros, and graph capture works as the drivers' does from the backend's side (begin,
+//! queued work, end, launch). The shared GPU backend runs on it unchanged, so its host-side
+//! logic (tapes, graphs, pooled buffers, KV reuse, kernel timing) is tested without a GPU.
+//! Nothing it computes is a number: never compare its outputs.
+//!
+//! Timing: every event pair reads 1 us. With `with_steady_clock`, the fake also has a device
+//! clock that every launch (run eagerly or replayed from a graph) advances by 3,000 ticks, and it runs
+//! the one kernel whose effect the backend reads back, `civetta_time_stamp`: it writes the
+//! clock to its slot, and downloads of those bytes return it.
 
 use civetta::backend::gpu::api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
 use civetta::backend::gpu::{kernel_image_names, GpuOptions};
@@ -24,7 +30,21 @@ pub struct FakeGpu {
 struct Shared {
     /// Bytes the device holds; 0 = unlimited.
     budget: usize,
+    /// `GpuApi::steady_clock_hz`.
+    clock_hz: Option<u64>,
     state: Mutex<State>,
+}
+
+/// Ticks every launch but a stamp's advances the fake clock.
+pub const FAKE_LAUNCH_TICKS: u64 = 3_000;
+/// What every fake event pair reads.
+pub const FAKE_EVENT_NANOS: u64 = 1_000;
+
+/// A launch as the fake runs it: a clock stamp into an address, or any other kernel.
+#[derive(Clone, Copy)]
+enum FakeLaunch {
+    Stamp(DevicePtr),
+    Other,
 }
 
 impl State {
@@ -40,11 +60,43 @@ struct State {
     next_handle: u64,
     capturing: bool,
     failed_allocs: u64,
+    /// The stamp kernel's function handle, once loaded.
+    stamp_fn: Option<FunctionHandle>,
+    /// Launches queued while capturing, and those of every captured graph.
+    captured: Vec<FakeLaunch>,
+    graphs: HashMap<u64, Vec<FakeLaunch>>,
+    /// The device clock, in ticks.
+    clock: u64,
+    /// What stamps wrote, by address.
+    stamps: HashMap<DevicePtr, u64>,
+    stamp_launches: u64,
+}
+
+impl State {
+    fn run(&mut self, l: FakeLaunch) {
+        match l {
+            FakeLaunch::Stamp(at) => {
+                self.stamps.insert(at, self.clock);
+                self.stamp_launches += 1;
+            }
+            FakeLaunch::Other => self.clock += FAKE_LAUNCH_TICKS,
+        }
+    }
 }
 
 impl FakeGpu {
     pub fn with_budget(bytes: usize) -> FakeGpu {
         FakeGpu { shared: Arc::new(Shared { budget: bytes, ..Shared::default() }) }
+    }
+
+    /// A device whose stamp kernel reads a clock that says it runs at `hz` ticks per second.
+    pub fn with_steady_clock(hz: u64) -> FakeGpu {
+        FakeGpu { shared: Arc::new(Shared { clock_hz: Some(hz), ..Shared::default() }) }
+    }
+
+    /// Stamp kernels run so far (eagerly or in graph replays).
+    pub fn stamp_launches(&self) -> u64 {
+        self.state().stamp_launches
     }
 
     /// Device bytes allocated and not freed.
@@ -75,6 +127,20 @@ pub fn fake_options(dir: &Path) -> GpuOptions {
         std::fs::write(dir.join(format!("{name}.ptx")), b"").unwrap();
     }
     GpuOptions { kernel_dir: dir.to_path_buf(), ..GpuOptions::default() }
+}
+
+/// A 2-layer llama in `dir` with the decode path of scripts/gpu-check.sh's 1.4B bench model
+/// (Q8_0, head size 64: the GPU attention kernels' smallest), small enough for the fake.
+pub fn decode_test_model(dir: &Path) -> std::path::PathBuf {
+    let model = dir.join("llama-d64.gguf");
+    let out = super::civetta()
+        .args(["model", "synth", "--arch", "llama", "--quant", "q8_0", "--size", "1b", "--layers", "2", "--dim", "256"])
+        .args(["--ffn", "512", "--heads", "4", "--kv-heads", "2", "--context", "512", "--seed", "1", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "synth: {}", String::from_utf8_lossy(&out.stderr));
+    model
 }
 
 impl GpuApi for FakeGpu {
@@ -112,8 +178,12 @@ impl GpuApi for FakeGpu {
     fn upload(&self, _dst: DevicePtr, _src: &[u8]) -> Result<()> {
         Ok(())
     }
-    fn download(&self, _src: DevicePtr, dst: &mut [u8]) -> Result<()> {
-        dst.fill(0);
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        let s = self.state();
+        for (i, chunk) in dst.chunks_mut(8).enumerate() {
+            let v = s.stamps.get(&(src + 8 * i as u64)).copied().unwrap_or(0);
+            chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
+        }
         Ok(())
     }
     fn copy(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: usize) -> Result<()> {
@@ -122,18 +192,36 @@ impl GpuApi for FakeGpu {
     fn load_module(&self, _image: &[u8]) -> Result<u64> {
         Ok(self.handle())
     }
-    fn function(&self, _module: u64, _name: &str) -> Result<FunctionHandle> {
-        Ok(FunctionHandle(self.handle()))
+    fn function(&self, _module: u64, name: &str) -> Result<FunctionHandle> {
+        let f = FunctionHandle(self.handle());
+        if name == "civetta_time_stamp" {
+            self.state().stamp_fn = Some(f);
+        }
+        Ok(f)
     }
     unsafe fn launch(
         &self,
-        _f: FunctionHandle,
+        f: FunctionHandle,
         _grid: [u32; 3],
         _block: [u32; 3],
         _shared_bytes: u32,
-        _params: &mut [*mut c_void],
+        params: &mut [*mut c_void],
         _overlap_previous: bool,
     ) -> Result<()> {
+        let mut s = self.state();
+        let launch = if s.stamp_fn == Some(f) {
+            // SAFETY: the backend passes civetta_time_stamp(u64* stamps, int slot), each
+            // argument in an 8-byte slot.
+            let (buf, slot) = unsafe { (*(params[0] as *const u64), *(params[1] as *const u64) as u32 as u64) };
+            FakeLaunch::Stamp(buf + 8 * slot)
+        } else {
+            FakeLaunch::Other
+        };
+        if s.capturing {
+            s.captured.push(launch);
+        } else {
+            s.run(launch);
+        }
         Ok(())
     }
     fn event_create(&self) -> Result<EventHandle> {
@@ -143,7 +231,7 @@ impl GpuApi for FakeGpu {
         Ok(())
     }
     fn event_elapsed(&self, _start: EventHandle, _end: EventHandle) -> Result<Duration> {
-        Ok(Duration::from_micros(1))
+        Ok(Duration::from_nanos(FAKE_EVENT_NANOS))
     }
     fn event_destroy(&self, _e: EventHandle) {}
     fn synchronize(&self) -> Result<()> {
@@ -156,11 +244,24 @@ impl GpuApi for FakeGpu {
         Ok(())
     }
     fn capture_end(&self) -> Result<GraphHandle> {
-        self.state().capturing = false;
-        Ok(GraphHandle(self.handle()))
+        let g = self.handle();
+        let mut s = self.state();
+        s.capturing = false;
+        let launches = std::mem::take(&mut s.captured);
+        s.graphs.insert(g, launches);
+        Ok(GraphHandle(g))
     }
-    fn graph_launch(&self, _g: GraphHandle) -> Result<()> {
+    fn graph_launch(&self, g: GraphHandle) -> Result<()> {
+        let mut s = self.state();
+        let launches = s.graphs.get(&g.0).expect("launch of a graph that was not captured").clone();
+        launches.into_iter().for_each(|l| s.run(l));
         Ok(())
+    }
+    fn graph_destroy(&self, g: GraphHandle) {
+        self.state().graphs.remove(&g.0).expect("destroy of a graph that was not captured");
+    }
+    fn steady_clock_hz(&self) -> Option<u64> {
+        self.shared.clock_hz
     }
     fn resources(&self, _image: &[u8], _name: &str, _f: FunctionHandle, _block_threads: u32) -> Option<KernelResources> {
         None

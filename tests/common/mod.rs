@@ -129,3 +129,20 @@ pub fn greedy_request(tokens: Vec<u32>, max_tokens: usize) -> civetta::engine::G
         top_logprobs: 0,
     }
 }
+
+/// Runs a greedy request to its end; it must generate `max_tokens`.
+pub fn generate_to_end(engine: &civetta::engine::Engine, prompt: Vec<u32>, max_tokens: usize) {
+    use civetta::engine::GenerationEvent;
+    let mut stream = engine.submit(greedy_request(prompt, max_tokens)).unwrap();
+    while let Some(ev) = stream.blocking_next() {
+        match ev {
+            GenerationEvent::Token { .. } => {}
+            GenerationEvent::Done(s) => {
+                assert_eq!(s.completion_tokens, max_tokens);
+                return;
+            }
+            GenerationEvent::Error(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("the stream ended without a result");
+}

@@ -94,6 +94,12 @@ pub trait GpuApi: Send + Sync + 'static {
     /// Time between two recorded events that have completed.
     fn event_elapsed(&self, start: EventHandle, end: EventHandle) -> Result<Duration>;
     fn event_destroy(&self, e: EventHandle);
+    /// Ticks per second of the steady clock kernels read with `__builtin_readsteadycounter`
+    /// (kernels/timestamp.hip), when it is fine enough to time single launches; None: kernel
+    /// timing inside graphs uses events.
+    fn steady_clock_hz(&self) -> Option<u64> {
+        None
+    }
     /// Waits for everything queued on the stream.
     fn synchronize(&self) -> Result<()>;
 

@@ -105,6 +105,13 @@ impl GpuApi for CudaApi {
         "blocks_per_sm"
     }
 
+    /// %globaltimer counts nanoseconds; it advances every 32 ns from sm_90 on and only about
+    /// every microsecond before (too coarse for launches of a few microseconds).
+    fn steady_clock_hz(&self) -> Option<u64> {
+        let cc: u32 = self.arch.trim_start_matches("sm_").parse().ok()?; // major * 10 + minor
+        (cc >= 90).then_some(1_000_000_000)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.current()?;
         let mut p = 0;

@@ -14,6 +14,7 @@
 use super::api::{DevicePtr, EventHandle, FunctionHandle, GraphHandle};
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 /// One queued kernel launch.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -56,7 +57,7 @@ pub const MAX_GRAPHS: usize = 16;
 /// Tape hashes remembered as seen once (capture happens on the second sighting).
 const MAX_SEEN: usize = 32;
 
-/// A captured tape: the plain graph and, once asked for, a timed one (the events belong to the
+/// A captured tape: the plain graph and, once asked for, a timed one (its events or stamp buffer belong to the
 /// entry, so the graph stays valid).
 pub struct GraphEntry {
     pub hash: u64,
@@ -69,14 +70,29 @@ pub struct GraphEntry {
     pub calls: Vec<(&'static str, &'static str, u64)>,
 }
 
-/// The tape captured with an event before its first op and one after every op: op j runs
-/// between `events[j]` and `events[j + 1]`. One event between two launches instead of a pair
-/// around each halves the event nodes, which are what a timed replay costs over a plain one;
-/// a launch's time is then measured from the previous op's end, so it includes the gap
-/// between the two launches (which a graph keeps to the device's launch latency).
+/// The tape captured with a clock reading before its first op and one after every op: op j
+/// runs between readings j and j + 1. One reading between two launches instead of a pair
+/// around each halves them; a launch's time is then measured from the previous op's end, so it
+/// includes the gap between the two launches (which a graph keeps to the device's launch latency).
 pub struct TimedGraph {
     pub graph: GraphHandle,
-    pub events: Vec<EventHandle>,
+    pub clock: TimedClock,
+}
+
+/// How a timed graph reads the time between its ops.
+pub enum TimedClock {
+    /// An event node after every op. Each costs ~4 us of a replay on an H100 (docs/GPU.md,
+    /// "Issue #17, session 18"), and the launches around it cannot overlap.
+    Events(Vec<EventHandle>),
+    /// A one-thread `civetta_time_stamp` launch after every op writing the device's steady
+    /// clock to `buf[j]` (u64 ticks at `hz`; kernels/timestamp.hip). It overlaps like the
+    /// kernels around it, so the timed replay keeps the untimed one's launch overlap.
+    Stamps {
+        buf: DevicePtr,
+        hz: u64,
+        /// (slot of the reading before the launch, kernel, shape class) of every launch op.
+        launches: Arc<[(usize, &'static str, &'static str)]>,
+    },
 }
 
 /// Launches per (kernel, shape class) of a tape, in first-seen order.

@@ -27,6 +27,7 @@ extern "C" {
     fn hipGetDeviceCount(count: *mut c_int) -> HipStatus;
     fn hipSetDevice(device: c_int) -> HipStatus;
     fn hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> HipStatus;
+    fn hipDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> HipStatus;
     fn hipGetErrorString(e: HipStatus) -> *const c_char;
     fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> HipStatus;
     fn hipFree(ptr: *mut c_void) -> HipStatus;
@@ -172,6 +173,18 @@ impl GpuApi for HipApi {
 
     fn occupancy_unit(&self) -> &'static str {
         "waves_per_simd"
+    }
+
+    /// The REALTIME counter (100 MHz on gfx11), at hipDeviceAttributeWallClockRate's kHz.
+    fn steady_clock_hz(&self) -> Option<u64> {
+        // hipDeviceAttributeWallClockRate: 10017 in ROCm 6's hip_runtime_api.h (an enum entry
+        // after hipDeviceAttributeAmdSpecificBegin = 10000; the value, not the header, is ABI).
+        const WALL_CLOCK_RATE: c_int = 10017;
+        let mut khz: c_int = 0;
+        // SAFETY: an out-pointer to a local.
+        check(unsafe { hipDeviceGetAttribute(&mut khz, WALL_CLOCK_RATE, self.device) }, "hipDeviceGetAttribute").ok()?;
+        // Coarser than 10 MHz (0.1 us) would blur launches of a few microseconds.
+        (khz >= 10_000).then(|| khz as u64 * 1000)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {

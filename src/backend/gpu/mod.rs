@@ -38,7 +38,7 @@ use crate::model::HParams;
 use crate::quant;
 use anyhow::{bail, Context};
 use api::{DevicePtr, EventHandle, FunctionHandle, GpuApi, GraphHandle};
-use graph::{Decision, GraphCache, GraphEntry, LaunchOp, Op, TimedGraph};
+use graph::{Decision, GraphCache, GraphEntry, LaunchOp, Op, TimedClock, TimedGraph};
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -114,6 +114,16 @@ pub struct GpuOptions {
     /// `overlap.rs`). The same arithmetic either way. False launches every kernel after the
     /// previous one has finished. For comparisons and as a way out; no effect on HIP.
     pub overlap_launches: bool,
+    /// Timed graph replays read the device's steady clock with a one-thread stamp kernel
+    /// between launches (kernels/timestamp.hip) instead of recording an event node there
+    /// (`graph::TimedClock`). Where the runtime gives no clock rate fine enough
+    /// (`GpuApi::steady_clock_hz`), events are used. False: always events. For comparisons.
+    pub timing_stamps: bool,
+    /// Most bytes of freed buffers (KV caches of finished sequences, scratch) the backend keeps
+    /// for reuse between steps; beyond it the largest go back to the driver. Kept buffers let
+    /// the next request of a similar size reuse the last one's addresses and graphs; on Strix
+    /// Halo's unified memory what they hold is the host's memory too. Default 2 GiB.
+    pub pool_free_bytes: u64,
 }
 
 impl Default for GpuOptions {
@@ -134,9 +144,14 @@ impl Default for GpuOptions {
             moe_device_routing: true,
             q4k_f16_copies: false,
             overlap_launches: true,
+            timing_stamps: true,
+            pool_free_bytes: DEFAULT_POOL_FREE_BYTES,
         }
     }
 }
+
+/// `GpuOptions::pool_free_bytes` by default.
+pub const DEFAULT_POOL_FREE_BYTES: u64 = 2 << 30;
 
 /// The gated activation `quantize_q8_1` applies to (x, up) (its `act` argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +455,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
     ("norm", &[("rmsnorm", 256), ("rmsnorm_q8_1", 1024)]),
     ("quantize", &[("quantize_act_q8", 256), ("quantize_q8_1", 256)]),
     ("rope", &[("rope_norm", 256), ("rope_neox", 256), ("rope_qk_norm", 256), ("rope_qk_neox", 256)]),
+    ("timestamp", &[("time_stamp", 32)]),
 ];
 
 #[derive(Clone, Copy)]
@@ -454,6 +470,8 @@ struct Kernel {
 /// Reuse is safe without waiting: all work is ordered on the one stream.
 struct Pool {
     free: Mutex<HashMap<usize, Vec<DevicePtr>>>,
+    /// Most bytes kept free in the pool between steps (`GpuOptions::pool_free_bytes`).
+    max_free_bytes: usize,
     release: Box<dyn Fn(DevicePtr) + Send + Sync>,
     unmap: Box<dyn Fn(u64) + Send + Sync>,
 }
@@ -470,6 +488,28 @@ impl Pool {
         let v = free.get_mut(&class)?;
         let lowest = (0..v.len()).min_by_key(|&i| v[i])?;
         Some(v.swap_remove(lowest))
+    }
+
+    /// Takes free buffers out of the pool until it holds at most `max_free_bytes`, the largest
+    /// first (the KV caches of long requests; the small scratch buffers every step reuses stay)
+    /// and, within a class, the highest address first (`take` hands out the lowest). The caller
+    /// gives them back to the driver once no queued work can use them.
+    fn over_limit(&self) -> Vec<DevicePtr> {
+        let mut free = self.free.lock();
+        let mut held: usize = free.iter().map(|(class, v)| class * v.len()).sum();
+        let mut out = Vec::new();
+        let mut classes: Vec<usize> = free.keys().copied().collect();
+        classes.sort_unstable_by(|a, b| b.cmp(a));
+        for class in classes {
+            let v = free.get_mut(&class).expect("a class just listed");
+            v.sort_unstable();
+            while held > self.max_free_bytes {
+                let Some(p) = v.pop() else { break };
+                held -= class;
+                out.push(p);
+            }
+        }
+        out
     }
 }
 
@@ -575,13 +615,30 @@ impl Args {
     }
 }
 
-struct PendingTiming {
-    kernel: &'static str,
-    shape: &'static str,
-    start: EventHandle,
-    end: EventHandle,
-    /// The events belong to a timed graph (not returned to the spare list).
-    graph_owned: bool,
+/// Timings queued on the stream, read once it is idle (`resolve_timings`).
+enum PendingTiming {
+    /// One launch between two events.
+    Events {
+        kernel: &'static str,
+        shape: &'static str,
+        start: EventHandle,
+        end: EventHandle,
+        /// The events belong to a timed graph (not returned to the spare list).
+        graph_owned: bool,
+    },
+    /// A timed graph replay's clock stamps (`graph::TimedClock::Stamps`).
+    Stamps { buf: DevicePtr, hz: u64, slots: usize, launches: Arc<[(usize, &'static str, &'static str)]> },
+}
+
+impl PendingTiming {
+    /// Its clock readings belong to a timed graph: the graph must not run timed again before
+    /// they are read.
+    fn graph_owned(&self) -> bool {
+        match self {
+            PendingTiming::Events { graph_owned, .. } => *graph_owned,
+            PendingTiming::Stamps { .. } => true,
+        }
+    }
 }
 
 /// Work of the current step not yet queued (graph.rs).
@@ -655,6 +712,8 @@ pub struct GpuBackend<A: GpuApi> {
     graphs: Mutex<GraphCache>,
     /// Set when events recorded inside a graph could not be read: replays are then untimed.
     graph_timing_broken: std::sync::atomic::AtomicBool,
+    /// Ticks per second of the clock the stamp kernel reads, when timed graphs use stamps.
+    stamp_clock_hz: Option<u64>,
 }
 
 /// The folder `build/kernels/<compiler>/<arch>` with the newest compiler tag, if any.
@@ -716,6 +775,7 @@ impl<A: GpuApi> GpuBackend<A> {
         let (release_api, unmap_api) = (api.clone(), api.clone());
         let pool = Arc::new(Pool {
             free: Mutex::new(HashMap::new()),
+            max_free_bytes: usize::try_from(opts.pool_free_bytes).unwrap_or(usize::MAX),
             release: Box::new(move |p| release_api.free(p)),
             unmap: Box::new(move |h| unmap_api.unmap_host(h as *const u8)),
         });
@@ -761,6 +821,10 @@ impl<A: GpuApi> GpuBackend<A> {
             }
             images.insert(file, image);
         }
+        let stamp_clock_hz = match opts.timing_stamps && kernels.contains_key("time_stamp") {
+            true => api.steady_clock_hz(),
+            false => None,
+        };
         tracing::info!(
             backend = api.backend_name(),
             device = %api.device_name(),
@@ -799,6 +863,7 @@ impl<A: GpuApi> GpuBackend<A> {
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
             graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
+            stamp_clock_hz,
         })
     }
 
@@ -851,6 +916,19 @@ impl<A: GpuApi> GpuBackend<A> {
                 }
                 self.api.alloc(bytes)
             }
+        }
+    }
+
+    /// Gives the pool's free buffers beyond `GpuOptions::pool_free_bytes` back to the driver.
+    /// Call only while the stream is idle (after a download or a synchronisation): a buffer
+    /// goes back to the pool while kernels queued before may still use it.
+    fn trim_pool(&self) {
+        let excess = self.pool.over_limit();
+        if !excess.is_empty() {
+            tracing::debug!(buffers = excess.len(), "GPU pool over engine.gpu.pool_free_bytes: buffers given back");
+        }
+        for p in excess {
+            (self.pool.release)(p);
         }
     }
 
@@ -941,7 +1019,7 @@ impl<A: GpuApi> GpuBackend<A> {
         self.queue(op, overlap && !timed)?;
         if let Some((start, end)) = events {
             self.api.event_record(end)?;
-            self.pending.lock().push(PendingTiming { kernel: op.kernel, shape: op.shape, start, end, graph_owned: false });
+            self.pending.lock().push(PendingTiming::Events { kernel: op.kernel, shape: op.shape, start, end, graph_owned: false });
         }
         Ok(())
     }
@@ -1005,6 +1083,8 @@ impl<A: GpuApi> GpuBackend<A> {
                         let calls = graph::launch_counts(&ops);
                         if let Some(old) = graphs.insert(GraphEntry { hash, ops, plain, timed: None, replays: 0, calls }) {
                             self.api.synchronize()?;
+                            // Its timed twin's events or stamps may still be waiting to be read.
+                            self.resolve_timings();
                             self.destroy_graph(old);
                         }
                         let i = graphs.entries.len() - 1;
@@ -1032,23 +1112,33 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
-    /// Captures `ops` into a graph; with `events` (ops.len() + 1 of them), `events[0]` before
-    /// the first op and `events[j + 1]` after op j (`graph::TimedGraph`).
-    fn capture(&self, ops: &[Op], events: Option<&[EventHandle]>) -> Result<GraphHandle> {
+    /// Captures `ops` into a graph; with `clock`, a reading before the first op and one after
+    /// every op (`graph::TimedClock`): event nodes, or stamp launches into `buf[j]`.
+    fn capture(&self, ops: &[Op], clock: Option<&TimedClock>) -> Result<GraphHandle> {
         self.api.capture_begin()?;
         let queued = (|| -> Result<()> {
-            if let Some(e) = events {
-                self.api.event_record_captured(e[0])?;
-            }
+            let read_clock = |j: usize| -> Result<()> {
+                match clock {
+                    None => Ok(()),
+                    Some(TimedClock::Events(e)) => self.api.event_record_captured(e[j]),
+                    // The stamp overlaps the launch before it like any waiting kernel.
+                    Some(TimedClock::Stamps { buf, .. }) => self.queue_stamp(*buf, j, j > 0 && matches!(ops[j - 1], Op::Launch(_))),
+                }
+            };
+            read_clock(0)?;
             for (j, op) in ops.iter().enumerate() {
+                let overlap = match clock {
+                    None => graph::overlap_allowed(ops, j),
+                    // No overlap across an event node: it could not split two overlapping kernels.
+                    Some(TimedClock::Events(_)) => false,
+                    // After a stamp (a launch): as far as the kernel itself allows.
+                    Some(TimedClock::Stamps { .. }) => matches!(op, Op::Launch(l) if l.overlap),
+                };
                 match op {
-                    // The timed graph records an event between every two ops: no overlap there.
-                    Op::Launch(l) => self.queue(l, events.is_none() && graph::overlap_allowed(ops, j))?,
+                    Op::Launch(l) => self.queue(l, overlap)?,
                     Op::Copy { dst, src, bytes } => self.api.copy(*dst, *src, *bytes)?,
                 }
-                if let Some(e) = events {
-                    self.api.event_record_captured(e[j + 1])?;
-                }
+                read_clock(j + 1)?;
             }
             Ok(())
         })();
@@ -1063,6 +1153,36 @@ impl<A: GpuApi> GpuBackend<A> {
         }
     }
 
+    /// Queues `civetta_time_stamp(buf, slot)` (kernels/timestamp.hip).
+    fn queue_stamp(&self, buf: DevicePtr, slot: usize, after_launch: bool) -> Result<()> {
+        let k = self.kernels.get("time_stamp").ok_or_else(|| Error::unsupported(self.be(), "kernel time_stamp (not loaded)"))?;
+        let op = LaunchOp {
+            kernel: "time_stamp",
+            shape: "m1",
+            f: k.f,
+            grid: [1, 1, 1],
+            block: [k.threads, 1, 1],
+            slots: Args::default().ptr(buf).i32(slot).slots,
+            overlap: k.overlap,
+        };
+        self.queue(&op, after_launch && k.overlap)
+    }
+
+    /// The clock of a new timed graph for `ops`: stamps where the device has a steady clock and
+    /// `engine.gpu.timing_stamps` is on, else events.
+    fn timed_clock(&self, ops: &[Op]) -> Result<TimedClock> {
+        if let Some(hz) = self.stamp_clock_hz {
+            let launches: Vec<(usize, &'static str, &'static str)> = ops
+                .iter()
+                .enumerate()
+                .filter_map(|(j, op)| if let Op::Launch(l) = op { Some((j, l.kernel, l.shape)) } else { None })
+                .collect();
+            let buf = self.device_alloc((ops.len() + 1) * 8)?;
+            return Ok(TimedClock::Stamps { buf, hz, launches: launches.into() });
+        }
+        Ok(TimedClock::Events((0..=ops.len()).map(|_| self.api.event_create()).collect::<Result<Vec<_>>>()?))
+    }
+
     /// Queues one run of a captured step. With kernel timing on, every `sample_every`-th
     /// replay runs the entry's timed graph (an event after every op, `graph::TimedGraph`), so
     /// the fraction of launches timed stays the configured rate; every launch is counted.
@@ -1071,24 +1191,44 @@ impl<A: GpuApi> GpuBackend<A> {
         let every = kernel_registry::sample_every();
         let timing_ok = !self.graph_timing_broken.load(std::sync::atomic::Ordering::Relaxed);
         let e = &mut graphs.entries[i];
-        let timed = timing_ok && graph::replay_is_timed(e.replays, every) && !self.pending.lock().iter().any(|p| p.graph_owned);
+        let timed = timing_ok && graph::replay_is_timed(e.replays, every) && !self.pending.lock().iter().any(PendingTiming::graph_owned);
         e.replays += 1;
         graphs.replays += 1;
         if timed && e.timed.is_none() {
             let t0 = Instant::now();
-            let events = (0..=e.ops.len()).map(|_| self.api.event_create()).collect::<Result<Vec<_>>>()?;
-            let graph = self.capture(&e.ops, Some(&events))?;
-            e.timed = Some(TimedGraph { graph, events });
-            tracing::debug!(ops = e.ops.len(), replays = e.replays, micros = t0.elapsed().as_micros() as u64, "GPU timed graph captured");
+            let clock = self.timed_clock(&e.ops)?;
+            let graph = match self.capture(&e.ops, Some(&clock)) {
+                Ok(g) => g,
+                Err(err) => {
+                    self.destroy_clock(clock);
+                    return Err(err);
+                }
+            };
+            let stamps = matches!(clock, TimedClock::Stamps { .. });
+            e.timed = Some(TimedGraph { graph, clock });
+            tracing::debug!(
+                ops = e.ops.len(),
+                replays = e.replays,
+                stamps,
+                micros = t0.elapsed().as_micros() as u64,
+                "GPU timed graph captured"
+            );
         }
         match (&e.timed, timed) {
             (Some(t), true) => {
                 self.api.graph_launch(t.graph)?;
                 let mut pending = self.pending.lock();
-                for (j, op) in e.ops.iter().enumerate() {
-                    if let Op::Launch(l) = op {
-                        let (start, end) = (t.events[j], t.events[j + 1]);
-                        pending.push(PendingTiming { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
+                match &t.clock {
+                    TimedClock::Events(events) => {
+                        for (j, op) in e.ops.iter().enumerate() {
+                            if let Op::Launch(l) = op {
+                                let (start, end) = (events[j], events[j + 1]);
+                                pending.push(PendingTiming::Events { kernel: l.kernel, shape: l.shape, start, end, graph_owned: true });
+                            }
+                        }
+                    }
+                    TimedClock::Stamps { buf, hz, launches } => {
+                        pending.push(PendingTiming::Stamps { buf: *buf, hz: *hz, slots: e.ops.len() + 1, launches: launches.clone() })
                     }
                 }
             }
@@ -1106,9 +1246,14 @@ impl<A: GpuApi> GpuBackend<A> {
         self.api.graph_destroy(e.plain);
         if let Some(t) = e.timed {
             self.api.graph_destroy(t.graph);
-            for ev in t.events {
-                self.api.event_destroy(ev);
-            }
+            self.destroy_clock(t.clock);
+        }
+    }
+
+    fn destroy_clock(&self, clock: TimedClock) {
+        match clock {
+            TimedClock::Events(events) => events.into_iter().for_each(|ev| self.api.event_destroy(ev)),
+            TimedClock::Stamps { buf, .. } => self.api.free(buf),
         }
     }
 
@@ -1144,18 +1289,39 @@ impl<A: GpuApi> GpuBackend<A> {
         let backend = self.api.backend_name();
         let mut spare = self.spare_events.lock();
         for p in pending {
-            match self.api.event_elapsed(p.start, p.end) {
-                Ok(d) => kernel_registry::observe_sampled(p.kernel, p.shape, backend, self.variant, d),
-                Err(e) if p.graph_owned => {
-                    if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "kernel timing inside GPU graphs unreadable: graph replays are not timed from now on");
+            match p {
+                PendingTiming::Events { kernel, shape, start, end, graph_owned } => {
+                    match self.api.event_elapsed(start, end) {
+                        Ok(d) => kernel_registry::observe_sampled(kernel, shape, backend, self.variant, d),
+                        Err(e) if graph_owned => {
+                            if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                tracing::warn!(error = %e, "kernel timing inside GPU graphs unreadable: graph replays are not timed from now on");
+                            }
+                        }
+                        Err(e) => tracing::warn!(kernel, error = %e, "kernel timing event unreadable"),
+                    }
+                    if !graph_owned {
+                        spare.push(start);
+                        spare.push(end);
                     }
                 }
-                Err(e) => tracing::warn!(kernel = p.kernel, error = %e, "kernel timing event unreadable"),
-            }
-            if !p.graph_owned {
-                spare.push(p.start);
-                spare.push(p.end);
+                PendingTiming::Stamps { buf, hz, slots, launches } => {
+                    let mut bytes = vec![0u8; slots * 8];
+                    if let Err(e) = self.api.download(buf, &mut bytes) {
+                        if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::warn!(error = %e, "kernel clock stamps unreadable: graph replays are not timed from now on");
+                        }
+                        continue;
+                    }
+                    let ticks: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                    for &(j, kernel, shape) in launches.iter() {
+                        // A reading before the one preceding it would be a clock that is not steady.
+                        if let Some(t) = ticks[j + 1].checked_sub(ticks[j]) {
+                            let nanos = (t as u128 * 1_000_000_000 / hz as u128) as u64;
+                            kernel_registry::observe_sampled(kernel, shape, backend, self.variant, std::time::Duration::from_nanos(nanos));
+                        }
+                    }
+                }
             }
         }
         tracing::debug!(timings = n, micros = t0.elapsed().as_micros() as u64, "GPU kernel timings resolved");
@@ -1839,6 +2005,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.flush()?;
         self.api.download(src.mem.ptr + offset as u64 * 4, bytemuck_f32_mut(dst))?;
         self.resolve_timings();
+        self.trim_pool();
         Ok(())
     }
 
@@ -2143,6 +2310,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.flush()?;
         self.api.synchronize()?;
         self.resolve_timings();
+        self.trim_pool();
         Ok(())
     }
 
@@ -2232,7 +2400,31 @@ mod tests {
     }
 
     fn pool() -> Arc<Pool> {
-        Arc::new(Pool { free: Mutex::new(HashMap::new()), release: Box::new(|_| {}), unmap: Box::new(|_| {}) })
+        pool_keeping(usize::MAX)
+    }
+
+    fn pool_keeping(max_free_bytes: usize) -> Arc<Pool> {
+        Arc::new(Pool { free: Mutex::new(HashMap::new()), max_free_bytes, release: Box::new(|_| {}), unmap: Box::new(|_| {}) })
+    }
+
+    #[test]
+    fn a_pool_over_its_limit_gives_back_the_largest_buffers_first() {
+        let p = pool_keeping(1000);
+        for (class, ptr) in [(512, 0x2000), (256, 0x9000), (512, 0x3000), (256, 0x8000), (512, 0x1000)] {
+            drop(pooled(&p, class, ptr));
+        }
+        // 2,048 bytes held: three 512-byte buffers go, the highest addresses first, and the
+        // small ones every step reuses stay.
+        assert_eq!(p.over_limit(), [0x3000, 0x2000, 0x1000]);
+        assert!(p.over_limit().is_empty(), "512 bytes held, under the limit");
+        assert_eq!(p.take(256), Some(0x8000));
+        assert_eq!(p.take(512), None);
+        // At the limit exactly, nothing goes.
+        let p = pool_keeping(1024);
+        for ptr in [0x1000, 0x2000] {
+            drop(pooled(&p, 512, ptr));
+        }
+        assert!(p.over_limit().is_empty());
     }
 
     fn pooled(pool: &Arc<Pool>, class: usize, ptr: DevicePtr) -> DevBuf {
