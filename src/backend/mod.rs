@@ -691,8 +691,7 @@ pub struct BackendArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_overlap_launches: Option<bool>,
     /// GPU: timed graph replays read a device clock from a stamp kernel between launches
-    /// (engine.gpu.timing_stamps, default false until measured on a GPU; `--gpu-timing-stamps`
-    /// turns it on, `--gpu-timing-stamps false` records events there).
+    /// (engine.gpu.timing_stamps, default true; `--gpu-timing-stamps false` records events there).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_timing_stamps: Option<bool>,
 }
@@ -715,7 +714,7 @@ impl BackendArgs {
             moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
             q4k_f16_copies: self.gpu_q4k_f16_copies.unwrap_or(false),
             overlap_launches: self.gpu_overlap_launches.unwrap_or(true),
-            timing_stamps: self.gpu_timing_stamps.unwrap_or(false),
+            timing_stamps: self.gpu_timing_stamps.unwrap_or(true),
             pool_free_bytes: gpu::DEFAULT_POOL_FREE_BYTES,
         }
     }
