@@ -1,6 +1,6 @@
 //! A `GpuApi` with no device behind it: allocations are numbered addresses (with an optional
 //! byte budget, so out-of-memory can be provoked), launches and copies do nothing, downloads
-//! return zeros, and graph capture works as the drivers' does from the backend's side (begin,
+//! return zeros (except what a clock stamp wrote, below), and graph capture works as the drivers' does from the backend's side (begin,
 //! queued work, end, launch). The shared GPU backend runs on it unchanged, so its host-side
 //! logic (tapes, graphs, pooled buffers, KV reuse, kernel timing) is tested without a GPU.
 //! Nothing it computes is a number: never compare its outputs.
@@ -47,12 +47,6 @@ enum FakeLaunch {
     Other,
 }
 
-impl State {
-    fn used(&self) -> usize {
-        self.live.values().sum()
-    }
-}
-
 #[derive(Default)]
 struct State {
     next_addr: u64,
@@ -73,6 +67,10 @@ struct State {
 }
 
 impl State {
+    fn used(&self) -> usize {
+        self.live.values().sum()
+    }
+
     fn run(&mut self, l: FakeLaunch) {
         match l {
             FakeLaunch::Stamp(at) => {

@@ -499,9 +499,15 @@ impl Pool {
         let mut free = self.free.lock();
         let mut held: usize = free.iter().map(|(class, v)| class * v.len()).sum();
         let mut out = Vec::new();
+        if held <= self.max_free_bytes {
+            return out; // every step: no sorting unless something goes
+        }
         let mut classes: Vec<usize> = free.keys().copied().collect();
         classes.sort_unstable_by(|a, b| b.cmp(a));
         for class in classes {
+            if held <= self.max_free_bytes {
+                break;
+            }
             let v = free.get_mut(&class).expect("a class just listed");
             v.sort_unstable();
             while held > self.max_free_bytes {
@@ -822,10 +828,8 @@ impl<A: GpuApi> GpuBackend<A> {
             }
             images.insert(file, image);
         }
-        let stamp_clock_hz = match opts.timing_stamps && kernels.contains_key("time_stamp") {
-            true => api.steady_clock_hz(),
-            false => None,
-        };
+        // (The stamp kernel is loaded: a kernel folder without timestamp's image fails above.)
+        let stamp_clock_hz = if opts.timing_stamps { api.steady_clock_hz() } else { None };
         tracing::info!(
             backend = api.backend_name(),
             device = %api.device_name(),
@@ -1294,11 +1298,7 @@ impl<A: GpuApi> GpuBackend<A> {
                 PendingTiming::Events { kernel, shape, start, end, graph_owned } => {
                     match self.api.event_elapsed(start, end) {
                         Ok(d) => kernel_registry::observe_sampled(kernel, shape, backend, self.variant, d),
-                        Err(e) if graph_owned => {
-                            if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                                tracing::warn!(error = %e, "kernel timing inside GPU graphs unreadable: graph replays are not timed from now on");
-                            }
-                        }
+                        Err(e) if graph_owned => self.stop_timing_graphs("kernel timing inside GPU graphs", &e),
                         Err(e) => tracing::warn!(kernel, error = %e, "kernel timing event unreadable"),
                     }
                     if !graph_owned {
@@ -1309,9 +1309,7 @@ impl<A: GpuApi> GpuBackend<A> {
                 PendingTiming::Stamps { buf, hz, slots, launches } => {
                     let mut bytes = vec![0u8; slots * 8];
                     if let Err(e) = self.api.download(buf, &mut bytes) {
-                        if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            tracing::warn!(error = %e, "kernel clock stamps unreadable: graph replays are not timed from now on");
-                        }
+                        self.stop_timing_graphs("kernel clock stamps", &e);
                         continue;
                     }
                     let ticks: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
@@ -1326,6 +1324,14 @@ impl<A: GpuApi> GpuBackend<A> {
             }
         }
         tracing::debug!(timings = n, micros = t0.elapsed().as_micros() as u64, "GPU kernel timings resolved");
+    }
+
+    /// A timed graph's readings could not be read: graph replays are untimed from now on
+    /// (warned once).
+    fn stop_timing_graphs(&self, what: &str, e: &Error) {
+        if !self.graph_timing_broken.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, "{what} unreadable: graph replays are not timed from now on");
+        }
     }
 
     fn elementwise(&self, name: &'static str, n: usize, args: Args) -> Result<()> {
