@@ -12,7 +12,8 @@
 //! usage: batch_decode_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR]
 //!                           [--batches 1,2,4,8,16,32] [--steps 64] [--prompt 32]
 //!                           [--gpu-matvec dp4a] [--batched-attention] [--matvec-max-rows N]
-//!                           [--matvec-mma] [--no-overlap-launches] [--profile] [--paged BLOCK]
+//!                           [--matvec-mma] [--no-mma-wide] [--no-overlap-launches] [--profile]
+//!                           [--paged BLOCK]
 //! The defaults are the backend's: GEMM tiles above 4 rows, two attention launches per
 //! sequence and layer. `--matvec-max-rows 32 --batched-attention` is issue #17's batched
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`); `--matvec-mma` runs
@@ -137,6 +138,7 @@ fn main() -> anyhow::Result<()> {
         matvec_max_rows: arg(&args, "--matvec-max-rows", "0").parse()?,
         gemm_tile: arg(&args, "--gpu-gemm-tile", ""),
         matvec_mma: args.iter().any(|a| a == "--matvec-mma"),
+        matvec_mma_wide: !args.iter().any(|a| a == "--no-mma-wide"),
         overlap_launches: !args.iter().any(|a| a == "--no-overlap-launches"),
         ..Default::default()
     };

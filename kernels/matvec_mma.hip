@@ -17,18 +17,20 @@
 // Per 32-value block the integer dot is scaled like the dp4a kernels: acc += float(idot) * (sw * sa)
 // (Q4_K: d·sc·dx·idot - dmin·mn·sx per sub-block, as Q4K::dot there).
 // Grid: (tiles(N0) + tiles(N1) + tiles(N2), ceil(B / 16)) with tiles(N) = ceil(N / 16); block:
-// kThreads. A workgroup owns one tile of 16 output rows and 16 activation rows; its waves split K
-// (wave w takes units w, w + kWaves, ...), each with kUnroll units of loads in flight, and the
-// partial tiles are summed in LDS. The matrices are narrow (1536-9000 rows: 96-560 workgroups),
-// so K is split inside the workgroup rather than over more rows per workgroup.
-// Names: civetta_matvec_mma_q8p, civetta_matvec_mma_q4k.
+// kWaves waves (8, or 16 in the `_w16` builds). A workgroup owns one tile of 16 output rows and
+// 16 activation rows; its waves split K (wave w takes units w, w + kWaves, ... in that order,
+// issuing the next round's loads before this round's matrix steps), and the partial tiles are
+// summed in LDS in wave order. The matrices are narrow (1536-9000 rows: 96-560 workgroups), so K
+// is split inside the workgroup rather than over more rows per workgroup; where a launch has
+// fewer tiles than the device has compute units the host takes the 16-wave build.
+// The sums are in a fixed order (no atomics): a replay gives the bits of an eager launch. The
+// 8-wave builds sum in the order of session 11's kernel (the rounds only regroup the loads).
+// Names: civetta_matvec_mma_q8p, civetta_matvec_mma_q4k, and their `_w16` builds.
 #include "civetta_gpu.h"
 #include "q4k.h"
 
 namespace {
 
-constexpr int kWaves = 8;
-constexpr int kThreads = kWaves * CV_WAVE;
 constexpr int kTile = 16;   // output rows and activation rows per workgroup
 constexpr int kBlock = 32;  // K values per scale
 
@@ -82,12 +84,12 @@ CV_DEVICE Tile tile_of(const Args& a) {
 
 // Sums the waves' partial tiles in LDS (part[wave][output row][activation row]) and stores the
 // valid elements, adding to y when accumulating.
-CV_DEVICE void store_tile(const Tile& t, const cv_v8f& acc, int accumulate) {
+template <int kWaves> CV_DEVICE void store_tile(const Tile& t, const cv_v8f& acc, int accumulate) {
   __shared__ float part[kWaves][kTile][kTile];
   const int wave = (int)cv_tid_x() / CV_WAVE;
   CV_UNROLL for (int e = 0; e < 8; ++e) part[wave][cv_acc_row(e)][cv_acc_col(e)] = acc[e];
   cv_sync();
-  for (int c = (int)cv_tid_x(); c < kTile * kTile; c += kThreads) {
+  for (int c = (int)cv_tid_x(); c < kTile * kTile; c += kWaves * CV_WAVE) {
     const int r = c / kTile, b = c % kTile;
     float s = 0.0f;
     CV_UNROLL for (int w = 0; w < kWaves; ++w) s += part[w][r][b];
@@ -99,8 +101,42 @@ CV_DEVICE void store_tile(const Tile& t, const cv_v8f& acc, int accumulate) {
 }
 
 // Q8_0 / Q5_0 planes: one matrix step per 32-value block.
-CV_DEVICE void matvec_mma_q8p(const Args& a) {
-  constexpr int kUnroll = 4; // 32-value blocks per wave whose loads are in flight together
+// One round's loads: kUnroll blocks of this wave (fragments and the scales each element needs).
+template <int kUnroll> struct Q8Round {
+  cv_frag_i8 w_lo[kUnroll], w_hi[kUnroll], x_lo[kUnroll], x_hi[kUnroll];
+  float sw[kUnroll][8], sa[kUnroll][8];
+};
+
+template <int kWaves, int kUnroll>
+CV_DEVICE void q8_load(Q8Round<kUnroll>& r, int kb0, int blocks, const cv_i8* w_tile, const cv_i8* x_tile, int K, const Tile& t,
+                       const cv_half* S, const float* xds, const int* w_scale, const int* x_scale) {
+  // The last partial round re-reads block kb0 (memory that exists); its results are dropped.
+  CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+    const int kb = kb0 + i * kWaves < blocks ? kb0 + i * kWaves : kb0;
+    cv_load_frags_k32(w_tile + kb * kBlock, K, t.w_rows, &r.w_lo[i], &r.w_hi[i]);
+    cv_load_frags_k32(x_tile + kb * kBlock, K, t.x_rows, &r.x_lo[i], &r.x_hi[i]);
+    CV_UNROLL for (int e = 0; e < 8; ++e) {
+      r.sw[i][e] = (float)S[w_scale[e] + kb];
+      r.sa[i][e] = xds[x_scale[e] + 2 * kb];
+    }
+  }
+}
+
+template <int kWaves, int kUnroll> CV_DEVICE void q8_step(cv_v8f& acc, const Q8Round<kUnroll>& r, int kb0, int blocks) {
+  CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+    if (kb0 + i * kWaves >= blocks) break;
+    const cv_v8i dot = cv_mma_i8_k32(r.w_lo[i], r.w_hi[i], r.x_lo[i], r.x_hi[i], (cv_v8i){0, 0, 0, 0, 0, 0, 0, 0});
+    CV_UNROLL for (int e = 0; e < 8; ++e) acc[e] += (float)dot[e] * (r.sw[i][e] * r.sa[i][e]);
+  }
+}
+
+template <int kWaves> CV_DEVICE void matvec_mma_q8p(const Args& a) {
+  // 32-value blocks per wave and round. Two, with the next round's loads issued before this
+  // round's matrix steps (so four in flight), measured best on an H100 (docs/GPU.md, session 20:
+  // 16-row 1.4B Q8_0 step 2.62 -> 2.29 ms with the 16-wave builds; one round of four loads and
+  // then four steps, the session 11 kernel, left the loads idle during the steps).
+  constexpr int kUnroll = 2;
+  constexpr int kStep = kWaves * kUnroll;
   const Tile t = tile_of(a);
   const cv_half* S = (const cv_half*)t.S;
   const int K = a.K, blocks = K / kBlock;
@@ -117,27 +153,15 @@ CV_DEVICE void matvec_mma_q8p(const Args& a) {
   }
 
   cv_v8f acc = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int kb0 = wave; kb0 < blocks; kb0 += kWaves * kUnroll) {
-    // Every load of kUnroll blocks first (the last partial round re-reads block kb0), then the
-    // matrix steps.
-    cv_frag_i8 w_lo[kUnroll], w_hi[kUnroll], x_lo[kUnroll], x_hi[kUnroll];
-    float sw[kUnroll][8], sa[kUnroll][8];
-    CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
-      const int kb = kb0 + i * kWaves < blocks ? kb0 + i * kWaves : kb0;
-      cv_load_frags_k32(w_tile + kb * kBlock, K, t.w_rows, &w_lo[i], &w_hi[i]);
-      cv_load_frags_k32(x_tile + kb * kBlock, K, t.x_rows, &x_lo[i], &x_hi[i]);
-      CV_UNROLL for (int e = 0; e < 8; ++e) {
-        sw[i][e] = (float)S[w_scale[e] + kb];
-        sa[i][e] = a.xds[x_scale[e] + 2 * kb];
-      }
-    }
-    CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
-      if (kb0 + i * kWaves >= blocks) break;
-      const cv_v8i dot = cv_mma_i8_k32(w_lo[i], w_hi[i], x_lo[i], x_hi[i], (cv_v8i){0, 0, 0, 0, 0, 0, 0, 0});
-      CV_UNROLL for (int e = 0; e < 8; ++e) acc[e] += (float)dot[e] * (sw[i][e] * sa[i][e]);
-    }
+  // The next round's loads are issued before this round's matrix steps.
+  Q8Round<kUnroll> cur, next;
+  if (wave < blocks) q8_load<kWaves>(cur, wave, blocks, w_tile, x_tile, K, t, S, a.xds, w_scale, x_scale);
+  for (int kb0 = wave; kb0 < blocks; kb0 += kStep) {
+    if (kb0 + kStep < blocks) q8_load<kWaves>(next, kb0 + kStep, blocks, w_tile, x_tile, K, t, S, a.xds, w_scale, x_scale);
+    q8_step<kWaves>(acc, cur, kb0, blocks);
+    cur = next;
   }
-  store_tile(t, acc, a.accumulate);
+  store_tile<kWaves>(t, acc, a.accumulate);
 }
 
 // Raw Q4_K blocks: a unit is one 32-byte slice of a super-block's qs (sub-blocks 2j and 2j+1 in
@@ -145,8 +169,53 @@ CV_DEVICE void matvec_mma_q8p(const Args& a) {
 // sub-block s the dot is d·sc[s]·dx·idot - dmin·mn[s]·sx with the activation block's (dx, sx =
 // dx·Σq), as matvec_dp4a.hip's Q4K::dot sums it. With 8 waves (a multiple of 4) a wave always
 // has the same j and steps over super-blocks.
-CV_DEVICE void matvec_mma_q4k(const Args& a) {
-  constexpr int kUnroll = 2; // units per wave in flight together (each: 8 headers per lane on AMD)
+// One round's loads: kUnroll units of this wave (the qs slice, both activation blocks, the
+// headers of each element's weight row).
+template <int kUnroll> struct Q4KRound {
+  cv_frag_i8 q_lo[kUnroll], q_hi[kUnroll], xa_lo[kUnroll], xa_hi[kUnroll], xb_lo[kUnroll], xb_hi[kUnroll];
+  cv_v4i head[kUnroll][8];
+};
+
+template <int kWaves, int kUnroll>
+CV_DEVICE void q4k_load(Q4KRound<kUnroll>& r, int u0, int units, const cv_u8* w_tile, long row_bytes, const cv_i8* x_tile, int K,
+                        const Tile& t, const long* w_row) {
+  CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+    const int u = u0 + i * kWaves < units ? u0 + i * kWaves : u0, sb = u / 4, j = u % 4;
+    cv_load_frags_k32((const cv_i8*)w_tile + sb * 144 + 16 + 32 * j, row_bytes, t.w_rows, &r.q_lo[i], &r.q_hi[i]);
+    cv_load_frags_k32(x_tile + sb * 256 + 64 * j, K, t.x_rows, &r.xa_lo[i], &r.xa_hi[i]);
+    cv_load_frags_k32(x_tile + sb * 256 + 64 * j + 32, K, t.x_rows, &r.xb_lo[i], &r.xb_hi[i]);
+    CV_UNROLL for (int e = 0; e < 8; ++e) r.head[i][e] = *(const cv_v4i*)(t.W + w_row[e] + sb * 144);
+  }
+}
+
+template <int kWaves, int kUnroll>
+CV_DEVICE void q4k_step(cv_v8f& acc, const Q4KRound<kUnroll>& r, int u0, int units, const float* xds, const int* x_scale) {
+  CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
+    const int u = u0 + i * kWaves, sb = u / 4, j = u % 4;
+    if (u >= units) break;
+    const cv_v8i zero = {0, 0, 0, 0, 0, 0, 0, 0};
+    const cv_v8i dot_lo = cv_mma_i8_k32(cv_frag_nibbles(r.q_lo[i], 0), cv_frag_nibbles(r.q_hi[i], 0), r.xa_lo[i], r.xa_hi[i], zero);
+    const cv_v8i dot_hi = cv_mma_i8_k32(cv_frag_nibbles(r.q_lo[i], 4), cv_frag_nibbles(r.q_hi[i], 4), r.xb_lo[i], r.xb_hi[i], zero);
+    CV_UNROLL for (int e = 0; e < 8; ++e) {
+      const cv_v4i h = r.head[i][e];
+      const float d = (float)__builtin_bit_cast(cv_half, (cv_u16)(h.x & 0xFFFF));
+      const float dmin = (float)__builtin_bit_cast(cv_half, (cv_u16)((cv_u32)h.x >> 16));
+      float sc_lo, mn_lo, sc_hi, mn_hi;
+      q4k_scale_min(h, 2 * j, &sc_lo, &mn_lo);
+      q4k_scale_min(h, 2 * j + 1, &sc_hi, &mn_hi);
+      const float* ds = xds + x_scale[e] + (sb * 8 + 2 * j) * 2; // (d, s) of blocks 2j, 2j+1
+      acc[e] += d * (sc_lo * ds[0] * (float)dot_lo[e] + sc_hi * ds[2] * (float)dot_hi[e]) -
+                dmin * (mn_lo * ds[1] + mn_hi * ds[3]);
+    }
+  }
+}
+
+template <int kWaves> CV_DEVICE void matvec_mma_q4k(const Args& a) {
+  // Units per wave and round, the next round's loads issued before this round's steps (each
+  // unit: 8 headers per lane on AMD). One measured best on an H100 (session 20; two or more
+  // per round cost occupancy: 192 registers at two).
+  constexpr int kUnroll = 1;
+  constexpr int kStep = kWaves * kUnroll;
   const Tile t = tile_of(a);
   const int K = a.K, supers = K / 256, units = supers * 4, blocks = K / kBlock;
   const long row_bytes = (long)supers * 144;
@@ -164,49 +233,29 @@ CV_DEVICE void matvec_mma_q4k(const Args& a) {
   }
 
   cv_v8f acc = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int u0 = wave; u0 < units; u0 += kWaves * kUnroll) {
-    cv_frag_i8 q_lo[kUnroll], q_hi[kUnroll], xa_lo[kUnroll], xa_hi[kUnroll], xb_lo[kUnroll], xb_hi[kUnroll];
-    cv_v4i head[kUnroll][8];
-    CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
-      const int u = u0 + i * kWaves < units ? u0 + i * kWaves : u0, sb = u / 4, j = u % 4;
-      cv_load_frags_k32((const cv_i8*)w_tile + sb * 144 + 16 + 32 * j, row_bytes, t.w_rows, &q_lo[i], &q_hi[i]);
-      cv_load_frags_k32(x_tile + sb * 256 + 64 * j, K, t.x_rows, &xa_lo[i], &xa_hi[i]);
-      cv_load_frags_k32(x_tile + sb * 256 + 64 * j + 32, K, t.x_rows, &xb_lo[i], &xb_hi[i]);
-      CV_UNROLL for (int e = 0; e < 8; ++e) head[i][e] = *(const cv_v4i*)(t.W + w_row[e] + sb * 144);
-    }
-    CV_UNROLL for (int i = 0; i < kUnroll; ++i) {
-      const int u = u0 + i * kWaves, sb = u / 4, j = u % 4;
-      if (u >= units) break;
-      const cv_v8i zero = {0, 0, 0, 0, 0, 0, 0, 0};
-      const cv_v8i dot_lo = cv_mma_i8_k32(cv_frag_nibbles(q_lo[i], 0), cv_frag_nibbles(q_hi[i], 0), xa_lo[i], xa_hi[i], zero);
-      const cv_v8i dot_hi = cv_mma_i8_k32(cv_frag_nibbles(q_lo[i], 4), cv_frag_nibbles(q_hi[i], 4), xb_lo[i], xb_hi[i], zero);
-      CV_UNROLL for (int e = 0; e < 8; ++e) {
-        const cv_v4i h = head[i][e];
-        const float d = (float)__builtin_bit_cast(cv_half, (cv_u16)(h.x & 0xFFFF));
-        const float dmin = (float)__builtin_bit_cast(cv_half, (cv_u16)((cv_u32)h.x >> 16));
-        float sc_lo, mn_lo, sc_hi, mn_hi;
-        q4k_scale_min(h, 2 * j, &sc_lo, &mn_lo);
-        q4k_scale_min(h, 2 * j + 1, &sc_hi, &mn_hi);
-        const float* ds = a.xds + x_scale[e] + (sb * 8 + 2 * j) * 2; // (d, s) of blocks 2j, 2j+1
-        acc[e] += d * (sc_lo * ds[0] * (float)dot_lo[e] + sc_hi * ds[2] * (float)dot_hi[e]) -
-                  dmin * (mn_lo * ds[1] + mn_hi * ds[3]);
-      }
-    }
+  Q4KRound<kUnroll> cur, next;
+  if (wave < units) q4k_load<kWaves>(cur, wave, units, w_tile, row_bytes, x_tile, K, t, w_row);
+  for (int u0 = wave; u0 < units; u0 += kStep) {
+    if (u0 + kStep < units) q4k_load<kWaves>(next, u0 + kStep, units, w_tile, row_bytes, x_tile, K, t, w_row);
+    q4k_step<kWaves>(acc, cur, u0, units, a.xds, x_scale);
+    cur = next;
   }
-  store_tile(t, acc, a.accumulate);
+  store_tile<kWaves>(t, acc, a.accumulate);
 }
 
 } // namespace
 
-CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_matvec_mma_q8p(
-    const cv_u8* W0, const cv_u8* S0, float* y0, int N0, const cv_u8* W1, const cv_u8* S1, float* y1, int N1,
-    const cv_u8* W2, const cv_u8* S2, float* y2, int N2, const cv_i8* xq, const float* xds, int K, int B,
-    int accumulate) {
-  matvec_mma_q8p(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});
-}
-CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_matvec_mma_q4k(
-    const cv_u8* W0, const cv_u8* S0, float* y0, int N0, const cv_u8* W1, const cv_u8* S1, float* y1, int N1,
-    const cv_u8* W2, const cv_u8* S2, float* y2, int N2, const cv_i8* xq, const float* xds, int K, int B,
-    int accumulate) {
-  matvec_mma_q4k(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});
-}
+// Every kernel in two sizes: 8 waves per workgroup, and 16 (`_w16`) for matrices with fewer
+// tiles than the device has compute units, where one workgroup per unit is all there is and
+// twice the waves keep twice the loads in flight.
+#define CV_MMA_KERNEL(name, body, waves)                                                                          \
+  CV_KERNEL CV_LAUNCH_BOUNDS(waves * CV_WAVE) void name(                                                          \
+      const cv_u8* W0, const cv_u8* S0, float* y0, int N0, const cv_u8* W1, const cv_u8* S1, float* y1, int N1, \
+      const cv_u8* W2, const cv_u8* S2, float* y2, int N2, const cv_i8* xq, const float* xds, int K, int B,    \
+      int accumulate) {                                                                                         \
+    body<waves>(Args{W0, S0, y0, N0, W1, S1, y1, N1, W2, S2, y2, N2, xq, xds, K, B, accumulate});              \
+  }
+CV_MMA_KERNEL(civetta_matvec_mma_q8p, matvec_mma_q8p, 8)
+CV_MMA_KERNEL(civetta_matvec_mma_q8p_w16, matvec_mma_q8p, 16)
+CV_MMA_KERNEL(civetta_matvec_mma_q4k, matvec_mma_q4k, 8)
+CV_MMA_KERNEL(civetta_matvec_mma_q4k_w16, matvec_mma_q4k, 16)

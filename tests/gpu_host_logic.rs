@@ -3,6 +3,7 @@
 //! themselves run only on a GPU (scripts/gpu-check.sh); nothing here computes a number.
 
 mod common;
+use civetta::backend::gpu::api::GpuApi;
 use civetta::backend::gpu::{GpuBackend, GpuOptions};
 use civetta::backend::Backend;
 use civetta::engine::{Engine, EngineConfig};
@@ -106,4 +107,40 @@ fn freed_kv_caches_beyond_the_pool_limit_go_back_to_the_driver() {
     drop(again);
     be.synchronize().unwrap();
     assert_eq!(api.used_bytes() - base, (512 + 64) << 10, "within the limit nothing goes");
+}
+
+/// A batched mat-vec on the matrix units takes the 16-wave build (512 threads) where its
+/// launch has fewer 16-row tiles than the device has compute units, the 8-wave build (256)
+/// otherwise, and always the 8-wave one where the unit count is unknown or
+/// `engine.gpu.matvec_mma_wide` is off.
+#[test]
+fn batched_mat_vecs_with_fewer_tiles_than_compute_units_take_the_16_wave_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = decode_test_model(dir.path());
+    let file = Arc::new(civetta::gguf::GgufFile::open(&model).unwrap());
+    // The model's o projection: 256 x 256, Q8_0, so 16 tiles of 16 rows.
+    let name = "blk.0.attn_output.weight";
+    for (api, wide_option, wide) in [
+        (FakeGpu::with_compute_units(17), true, true),
+        (FakeGpu::with_compute_units(16), true, false),
+        (FakeGpu::with_compute_units(17), false, false),
+        (FakeGpu::default(), true, false),
+    ] {
+        let kernels = tempfile::tempdir().unwrap();
+        let opts = GpuOptions { matvec_mma_wide: wide_option, ..fake_options(kernels.path()) };
+        let be = GpuBackend::new(api.clone(), &opts).unwrap();
+        let w = be.load_weight(&file, name).unwrap();
+        let rows = 16;
+        let x = be.alloc(rows * w.cols).unwrap();
+        let mut y = be.alloc(rows * w.rows).unwrap();
+        be.matmul(&w, &x, rows, &mut y).unwrap();
+        be.synchronize().unwrap();
+        let (w16, w8) = (api.launch_blocks("civetta_matvec_mma_q8p_w16"), api.launch_blocks("civetta_matvec_mma_q8p"));
+        let case = format!("compute units {:?}, matvec_mma_wide {wide_option}", api.compute_units());
+        if wide {
+            assert_eq!((w16, w8), (vec![512], vec![]), "{case}");
+        } else {
+            assert_eq!((w16, w8), (vec![], vec![256]), "{case}");
+        }
+    }
 }

@@ -677,6 +677,10 @@ pub struct BackendArgs {
     /// (engine.gpu.matvec_mma, default true; `--gpu-matvec-mma false` keeps the dp4a builds).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub gpu_matvec_mma: Option<bool>,
+    /// GPU: matrix-unit mat-vecs of matrices with fewer tiles than compute units run the 16-wave
+    /// builds (engine.gpu.matvec_mma_wide, default true; `--gpu-matvec-mma-wide false`: 8 waves).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub gpu_matvec_mma_wide: Option<bool>,
     /// GPU: MoE decode routes on the device (engine.gpu.moe_device_routing, default true;
     /// `--gpu-moe-device-routing false` downloads the router logits and routes on the host).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
@@ -711,6 +715,7 @@ impl BackendArgs {
             matvec: self.gpu_matvec.clone().unwrap_or_default(),
             moe: self.gpu_moe.unwrap_or(true),
             matvec_mma: self.gpu_matvec_mma.unwrap_or(true),
+            matvec_mma_wide: self.gpu_matvec_mma_wide.unwrap_or(true),
             moe_device_routing: self.gpu_moe_device_routing.unwrap_or(true),
             q4k_f16_copies: self.gpu_q4k_f16_copies.unwrap_or(false),
             overlap_launches: self.gpu_overlap_launches.unwrap_or(true),

@@ -32,6 +32,8 @@ struct Shared {
     budget: usize,
     /// `GpuApi::steady_clock_hz`.
     clock_hz: Option<u64>,
+    /// `GpuApi::compute_units`.
+    compute_units: Option<usize>,
     state: Mutex<State>,
 }
 
@@ -64,6 +66,9 @@ struct State {
     /// What stamps wrote, by address.
     stamps: HashMap<DevicePtr, u64>,
     stamp_launches: u64,
+    /// Kernel names by function handle, and the block size of every launch by kernel name.
+    names: HashMap<FunctionHandle, String>,
+    blocks: HashMap<String, Vec<u32>>,
 }
 
 impl State {
@@ -90,6 +95,17 @@ impl FakeGpu {
     /// A device whose stamp kernel reads a clock that says it runs at `hz` ticks per second.
     pub fn with_steady_clock(hz: u64) -> FakeGpu {
         FakeGpu { shared: Arc::new(Shared { clock_hz: Some(hz), ..Shared::default() }) }
+    }
+
+    /// A device with `units` compute units (`GpuApi::compute_units`).
+    pub fn with_compute_units(units: usize) -> FakeGpu {
+        FakeGpu { shared: Arc::new(Shared { compute_units: Some(units), ..Shared::default() }) }
+    }
+
+    /// The block size (threads) of every launch of the kernel `name` queued so far, captured
+    /// launches included (each once, when queued).
+    pub fn launch_blocks(&self, name: &str) -> Vec<u32> {
+        self.state().blocks.get(name).cloned().unwrap_or_default()
     }
 
     /// Stamp kernels run so far (eagerly or in graph replays).
@@ -192,21 +208,25 @@ impl GpuApi for FakeGpu {
     }
     fn function(&self, _module: u64, name: &str) -> Result<FunctionHandle> {
         let f = FunctionHandle(self.handle());
+        let mut s = self.state();
         if name == "civetta_time_stamp" {
-            self.state().stamp_fn = Some(f);
+            s.stamp_fn = Some(f);
         }
+        s.names.insert(f, name.to_string());
         Ok(f)
     }
     unsafe fn launch(
         &self,
         f: FunctionHandle,
         _grid: [u32; 3],
-        _block: [u32; 3],
+        block: [u32; 3],
         _shared_bytes: u32,
         params: &mut [*mut c_void],
         _overlap_previous: bool,
     ) -> Result<()> {
         let mut s = self.state();
+        let name = s.names.get(&f).cloned().unwrap_or_default();
+        s.blocks.entry(name).or_default().push(block[0]);
         let launch = if s.stamp_fn == Some(f) {
             // SAFETY: the backend passes civetta_time_stamp(u64* stamps, int slot), each
             // argument in an 8-byte slot.
@@ -260,6 +280,9 @@ impl GpuApi for FakeGpu {
     }
     fn steady_clock_hz(&self) -> Option<u64> {
         self.shared.clock_hz
+    }
+    fn compute_units(&self) -> Option<usize> {
+        self.shared.compute_units
     }
     fn resources(&self, _image: &[u8], _name: &str, _f: FunctionHandle, _block_threads: u32) -> Option<KernelResources> {
         None

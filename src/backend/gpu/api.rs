@@ -100,6 +100,10 @@ pub trait GpuApi: Send + Sync + 'static {
     fn steady_clock_hz(&self) -> Option<u64> {
         None
     }
+    /// The device's compute units (NVIDIA SMs, AMD CUs), where the runtime says; None: unknown.
+    fn compute_units(&self) -> Option<usize> {
+        None
+    }
     /// Waits for everything queued on the stream.
     fn synchronize(&self) -> Result<()>;
 

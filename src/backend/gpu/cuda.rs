@@ -15,6 +15,8 @@ pub struct CudaApi {
     stream: sys::CUstream,
     name: String,
     arch: String,
+    /// Streaming multiprocessors (`GpuApi::compute_units`).
+    sms: usize,
 }
 
 // SAFETY: CUDA contexts and streams may be used from any thread once made current there;
@@ -69,12 +71,13 @@ impl CudaApi {
             };
             let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
             let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
             let mut ctx = std::ptr::null_mut();
             check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
             check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
             let mut stream = std::ptr::null_mut();
             check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
-            Ok(CudaApi { ctx, stream, name, arch: format!("sm_{major}{minor}") })
+            Ok(CudaApi { ctx, stream, name, arch: format!("sm_{major}{minor}"), sms: usize::try_from(sms).unwrap_or(0) })
         }
     }
 
@@ -103,6 +106,10 @@ impl GpuApi for CudaApi {
 
     fn occupancy_unit(&self) -> &'static str {
         "blocks_per_sm"
+    }
+
+    fn compute_units(&self) -> Option<usize> {
+        (self.sms > 0).then_some(self.sms)
     }
 
     /// %globaltimer counts nanoseconds; it advances every 32 ns from sm_90 on and only about

@@ -175,6 +175,15 @@ impl GpuApi for HipApi {
         "waves_per_simd"
     }
 
+    fn compute_units(&self) -> Option<usize> {
+        // hipDeviceAttributeMultiprocessorCount: 63 in ROCm 5 and 6's hip_runtime_api.h.
+        const MULTIPROCESSOR_COUNT: c_int = 63;
+        let mut cus: c_int = 0;
+        // SAFETY: an out-pointer to a local.
+        check(unsafe { hipDeviceGetAttribute(&mut cus, MULTIPROCESSOR_COUNT, self.device) }, "hipDeviceGetAttribute").ok()?;
+        usize::try_from(cus).ok().filter(|&c| c > 0)
+    }
+
     /// The REALTIME counter (100 MHz on gfx11), at hipDeviceAttributeWallClockRate's kHz.
     fn steady_clock_hz(&self) -> Option<u64> {
         // hipDeviceAttributeWallClockRate: 10017 in ROCm 6's hip_runtime_api.h (an enum entry

@@ -96,6 +96,12 @@ pub struct GpuOptions {
     /// the H100 run of 2026-12-06 (docs/GPU.md, "Batched decode on the matrix units"): gpu_check
     /// within tolerance on 12 models, a 16-sequence decode step 7.58 -> 3.90 ms (Q8_0).
     pub matvec_mma: bool,
+    /// Matrix-unit mat-vecs of matrices with fewer 16-row tiles than the device has compute
+    /// units (`GpuApi::compute_units`; the 1.4B model's q/k/v, o and down projections on an
+    /// H100) run the 16-wave builds (`matvec_mma_*_w16`): one workgroup per unit is all those
+    /// launches have, and twice the waves keep twice the weight loads in flight. False: always
+    /// the 8-wave builds. For comparisons.
+    pub matvec_mma_wide: bool,
     /// MoE decode (passes of up to 16 rows) routes on the device: the top-k, the expert
     /// mat-vecs over device-side expert ids and the weighted sum, with no host round trip
     /// (`moe.rs`, `Backend::routed_experts`). False keeps the host routing of every pass (the
@@ -142,6 +148,7 @@ impl Default for GpuOptions {
             matvec: String::new(),
             moe: true,
             matvec_mma: true,
+            matvec_mma_wide: true,
             moe_device_routing: true,
             q4k_f16_copies: false,
             overlap_launches: true,
@@ -324,13 +331,22 @@ const MMA_MIN_ROWS: usize = 4;
 /// kernels/matvec_mma.hip: output rows and activation rows per workgroup.
 const MMA_TILE: usize = 16;
 
-/// The matrix-unit mat-vec of a dp4a layout (kernels/matvec_mma.hip), if it has one.
-fn mma_kernel_name(kind: MatvecKind) -> Option<&'static str> {
-    match kind {
-        MatvecKind::Q8Planes => Some("matvec_mma_q8p"),
-        MatvecKind::Q4KDp4a => Some("matvec_mma_q4k"),
+/// The matrix-unit mat-vec of a dp4a layout (kernels/matvec_mma.hip), if it has one: the
+/// 16-wave build (`wide`) or the 8-wave one.
+fn mma_kernel_name(kind: MatvecKind, wide: bool) -> Option<&'static str> {
+    match (kind, wide) {
+        (MatvecKind::Q8Planes, false) => Some("matvec_mma_q8p"),
+        (MatvecKind::Q8Planes, true) => Some("matvec_mma_q8p_w16"),
+        (MatvecKind::Q4KDp4a, false) => Some("matvec_mma_q4k"),
+        (MatvecKind::Q4KDp4a, true) => Some("matvec_mma_q4k_w16"),
         _ => None,
     }
+}
+
+/// Whether a matrix-unit mat-vec of `tiles` workgroups (per 16 activation rows) takes the
+/// 16-wave build: when the launch leaves compute units without a workgroup (`GpuOptions::matvec_mma_wide`).
+fn mma_wide(tiles: usize, compute_units: Option<usize>) -> bool {
+    compute_units.is_some_and(|cu| tiles < cu)
 }
 
 /// Decode batches up to this many rows use the `wave` mat-vec kernels (kernels/matvec.hip,
@@ -430,7 +446,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("matvec_q4k_g128_x16", 128),
         ],
     ),
-    ("matvec_mma", &[("matvec_mma_q8p", 256), ("matvec_mma_q4k", 256)]),
+    ("matvec_mma", &[("matvec_mma_q8p", 256), ("matvec_mma_q4k", 256), ("matvec_mma_q8p_w16", 512), ("matvec_mma_q4k_w16", 512)]),
     (
         "moe",
         &[
@@ -705,6 +721,8 @@ pub struct GpuBackend<A: GpuApi> {
     dp4a_max_rows: usize,
     /// `GpuOptions::matvec_mma`.
     matvec_mma: bool,
+    /// The device's compute units where `GpuOptions::matvec_mma_wide` is on (`mma_wide`).
+    mma_wide_below: Option<usize>,
     /// `GpuOptions::moe_device_routing`.
     moe_device_routing: bool,
     /// `GpuOptions::q4k_f16_copies`.
@@ -830,6 +848,7 @@ impl<A: GpuApi> GpuBackend<A> {
         }
         // (The stamp kernel is loaded: a kernel folder without timestamp's image fails above.)
         let stamp_clock_hz = if opts.timing_stamps { api.steady_clock_hz() } else { None };
+        let mma_wide_below = if opts.matvec_mma_wide { api.compute_units() } else { None };
         tracing::info!(
             backend = api.backend_name(),
             device = %api.device_name(),
@@ -862,6 +881,7 @@ impl<A: GpuApi> GpuBackend<A> {
             prefill_attention_mma,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
             matvec_mma: opts.matvec_mma,
+            mma_wide_below,
             moe_device_routing: opts.moe_device_routing,
             q4k_f16_copies: opts.q4k_f16_copies,
             kv_tables: Mutex::new(decode_batch::KvTables::default()),
@@ -1467,9 +1487,9 @@ impl<A: GpuApi> GpuBackend<A> {
             args = args.ptr(wp).ptr(sp).ptr(yp).i32(n);
         }
         let args = args.ptr(xq.ptr).ptr(xds.mem.ptr).i32(k).i32(rows).i32(usize::from(accumulate));
-        if let Some(name) = self.mma_kernel(kind, rows) {
-            // One workgroup per 16-row tile of each matrix (tiles do not straddle matrices).
-            let tiles: usize = parts.iter().map(|p| p.2.div_ceil(MMA_TILE)).sum();
+        // One workgroup per 16-row tile of each matrix (tiles do not straddle matrices).
+        let tiles: usize = parts.iter().map(|p| p.2.div_ceil(MMA_TILE)).sum();
+        if let Some(name) = self.mma_kernel(kind, rows, tiles) {
             self.launch(name, rows, [tiles, rows.div_ceil(MMA_TILE), 1], args)?;
             return Ok(());
         }
@@ -1768,8 +1788,9 @@ impl<A: GpuApi> GpuBackend<A> {
 
     /// The matrix-unit mat-vec for `rows` activation rows of a dp4a layout, when
     /// `GpuOptions::matvec_mma` is on and the layout has one (Q8_0 / Q5_0 planes, Q4_K blocks).
-    fn mma_kernel(&self, kind: MatvecKind, rows: usize) -> Option<&'static str> {
-        (self.matvec_mma && rows >= MMA_MIN_ROWS).then(|| mma_kernel_name(kind)).flatten()
+    /// `tiles`: the launch's workgroups per 16 activation rows.
+    fn mma_kernel(&self, kind: MatvecKind, rows: usize, tiles: usize) -> Option<&'static str> {
+        (self.matvec_mma && rows >= MMA_MIN_ROWS).then(|| mma_kernel_name(kind, mma_wide(tiles, self.mma_wide_below))).flatten()
     }
 
     /// The decode mat-vec layout of a weight and its device pointers, if its type has one and
@@ -2334,6 +2355,8 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
             "matvec_max_rows": self.dp4a_max_rows,
             "matvec_mma": self.matvec_mma,
+            // The compute units below which the 16-wave mat-vecs run (null: never).
+            "matvec_mma_wide_below": self.mma_wide_below,
             "moe_device_routing": self.moe_device_routing,
             "q4k_f16_copies": self.q4k_f16_copies,
             "gemm_tile": self.gemm_tile.name(),
@@ -2385,13 +2408,26 @@ mod tests {
                     assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
                 }
             }
-            if let Some(name) = mma_kernel_name(kind) {
-                assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
+            for wide in [false, true] {
+                if let Some(name) = mma_kernel_name(kind, wide) {
+                    assert!(loaded.contains(&name), "{name} is not in KERNEL_FILES");
+                }
             }
         }
-        assert_eq!(mma_kernel_name(MatvecKind::Q8Planes), Some("matvec_mma_q8p"));
-        assert_eq!(mma_kernel_name(MatvecKind::Q4KDp4a), Some("matvec_mma_q4k"));
-        assert_eq!(mma_kernel_name(MatvecKind::Q8_0Blocks), None);
+        assert_eq!(mma_kernel_name(MatvecKind::Q8Planes, false), Some("matvec_mma_q8p"));
+        assert_eq!(mma_kernel_name(MatvecKind::Q4KDp4a, true), Some("matvec_mma_q4k_w16"));
+        assert_eq!(mma_kernel_name(MatvecKind::Q8_0Blocks, true), None);
+    }
+
+    #[test]
+    fn only_launches_that_leave_compute_units_idle_take_the_wide_mma_build() {
+        // The 1.4B model on an H100 (132 SMs): o / down 96 tiles, q/k/v 128, gate/up 1120.
+        assert!(mma_wide(96, Some(132)));
+        assert!(mma_wide(128, Some(132)));
+        assert!(!mma_wide(132, Some(132)));
+        assert!(!mma_wide(1120, Some(132)));
+        // Unknown unit count (or the option off): the 8-wave build.
+        assert!(!mma_wide(96, None));
     }
 
     #[test]
