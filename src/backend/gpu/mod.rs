@@ -273,7 +273,8 @@ fn matvec_lanes(units: usize) -> usize {
     [32, 64].into_iter().find(|g| units.div_ceil(*g) <= DP4A_UNROLL).unwrap_or(128)
 }
 
-/// kernels/matvec_dp4a.hip's kUnroll.
+/// kernels/matvec_dp4a.hip's units per lane and round (U) of the 32- and 64-lane builds, which
+/// `matvec_lanes` fills in one round; the 128-lane Q8_0 builds take 6.
 const DP4A_UNROLL: usize = 4;
 
 /// Activation rows per launch of a dp4a build (`_x4`, `_x8`, `_x16`) for a mat-vec over
