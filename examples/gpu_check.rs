@@ -16,7 +16,7 @@
 //! qwen3moe and qwen2moe (mixture of experts, synth's small preset: 8 experts, top-2, expert
 //! width 512; qwen2moe with its shared expert) run the same checks: the 160-token prompt puts
 //! about 40 rows on each expert (the GEMMs), decode one row per expert (the mat-vecs), and the
-//! batched decode of three sequences 1-3 rows per expert. Routing comes from the GPU's router
+//! batched decode of five sequences 1-5 rows per expert. Routing comes from the GPU's router
 //! logits (on the host for the prefill, on the device for decode, below), so a near tie in the
 //! top-k could pick another expert than the CPU.
 //!
@@ -50,8 +50,8 @@
 //!                  [--quants f32,f16,...] [--size small] [--gpu-matvec dp4a|wave|...]
 //!                  [--gpu-prefill-attention auto|scalar] [--no-gpu-matvec-mma] [--no-overlap-launches]
 //! Batched decode's Q8_0 / Q5_0 / Q4_K mat-vecs run on the matrix units as by default
-//! (`engine.gpu.matvec_mma`; the batch-vs-solo check decodes three sequences, too few rows for
-//! them: `MMA_MIN_ROWS` is 4); `--no-gpu-matvec-mma` keeps the dp4a builds.
+//! (`engine.gpu.matvec_mma`; the batch-vs-solo check decodes five sequences, so its decode pass
+//! reaches them: `MMA_MIN_ROWS` is 4); `--no-gpu-matvec-mma` keeps the dp4a builds.
 //! Run on a GPU machine by scripts/gpu-check.sh (docs/GPU.md).
 
 use civetta::backend::cpu::CpuBackend;
@@ -164,15 +164,19 @@ fn decode_logits<B: Backend>(model: &Model<B>, prompt: &[u32], tokens: &[u32]) -
     tokens.iter().map(|&t| model.forward(&mut cache, &[t], Logits::Last)).collect()
 }
 
-/// The batched forward on one backend against the same sequences run alone on it: three
+/// Sequences of the batch-vs-solo check: `MMA_MIN_ROWS` (4) and more, so that the decode pass
+/// runs the matrix-unit mat-vecs that batched decode uses.
+const BATCH_SEQS: usize = 5;
+
+/// The batched forward on one backend against the same sequences run alone on it: five
 /// sequences of different lengths prefilled in one pass, then one decode row each in one
 /// pass. Returns the largest relative L2 difference of their last-row logits; for MoE models
 /// also the same difference with the batch replaying the solo runs' expert choices (the
 /// batch's other arithmetic can flip a near-tied routing choice just as the CPU's can: the
 /// forced number is the arithmetic alone, judged like the prefill's).
 fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result<(f64, Option<f64>)> {
-    let parts = [&prompt[..50], &prompt[50..70], &prompt[70..]];
-    let next = [prompt[1], prompt[2], prompt[3]];
+    let parts: [&[u32]; BATCH_SEQS] = [&prompt[..50], &prompt[50..70], &prompt[70..100], &prompt[100..130], &prompt[130..]];
+    let next: [u32; BATCH_SEQS] = std::array::from_fn(|i| prompt[i + 1]);
     let tap = model.routing_tap();
     if let Some(tap) = tap {
         tap.start_record();
@@ -220,7 +224,11 @@ fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result
 /// One batched prefill of `parts`, then one batched decode row each (`next`): the last-row
 /// logits of each sequence after each pass.
 #[allow(clippy::type_complexity)]
-fn batch_pass<B: Backend>(model: &Model<B>, parts: &[&[u32]; 3], next: &[u32; 3]) -> anyhow::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+fn batch_pass<B: Backend>(
+    model: &Model<B>,
+    parts: &[&[u32]; BATCH_SEQS],
+    next: &[u32; BATCH_SEQS],
+) -> anyhow::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
     let mut caches = parts.iter().map(|p| model.new_cache(p.len() + 1)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut rows: Vec<SeqRows<B>> =
         caches.iter_mut().zip(parts).map(|(cache, tokens)| SeqRows { cache, tokens, logits: Logits::Last }).collect();
