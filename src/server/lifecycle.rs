@@ -16,6 +16,12 @@ use tokio::sync::watch;
 /// How often a draining daemon checks whether the last generation has finished.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
+/// How long a daemon stays `Draining` at least, even with nothing running (never beyond the
+/// grace period): health Watch streams then put NOT_SERVING on the wire before the transports
+/// close. Closing in the same instant left the Watch's last messages racing the connection's
+/// close, and a client could see the connection reset instead of NOT_SERVING.
+const MIN_DRAIN: Duration = Duration::from_millis(200);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {
     /// Accepting work; health SERVING.
@@ -96,11 +102,13 @@ impl Lifecycle {
         let _ = rx.wait_for(|p| *p != Phase::Serving).await;
     }
 
-    /// The shutdown sequence: `Draining` now; `Closing` as soon as no generation runs, or
-    /// when `grace` is over, after `at_grace_end` has run (it cancels what is left).
+    /// The shutdown sequence: `Draining` now; `Closing` as soon as no generation runs (and
+    /// `MIN_DRAIN` has passed), or when `grace` is over, after `at_grace_end` has run (it
+    /// cancels what is left).
     pub async fn drain(&self, grace: Duration, at_grace_end: impl std::future::Future<Output = ()>) {
         self.advance(Phase::Draining);
-        let end = tokio::time::Instant::now() + grace;
+        let start = tokio::time::Instant::now();
+        let end = start + grace;
         while self.generating() > 0 {
             if tokio::time::Instant::now() >= end {
                 at_grace_end.await;
@@ -108,6 +116,7 @@ impl Lifecycle {
             }
             tokio::time::sleep(DRAIN_POLL).await;
         }
+        tokio::time::sleep_until(start + MIN_DRAIN.min(grace)).await;
         self.advance(Phase::Closing);
     }
 }
@@ -125,6 +134,29 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(1));
         assert!(l.begin_generation().is_none());
         assert_eq!(l.generating(), 0);
+    }
+
+    /// A watcher of an idle daemon's phase sees `Draining` before `Closing` (the health Watch
+    /// sends NOT_SERVING then, before the transports close).
+    #[tokio::test]
+    async fn an_idle_drain_lets_watchers_see_draining_before_closing() {
+        let l = Lifecycle::new();
+        let mut rx = l.subscribe();
+        let draining = {
+            let l = l.clone();
+            tokio::spawn(async move { l.drain(Duration::from_secs(30), async {}).await })
+        };
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), Phase::Draining);
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), Phase::Closing);
+        draining.await.unwrap();
+        // No longer than the grace period, however short.
+        let l = Lifecycle::new();
+        let t0 = tokio::time::Instant::now();
+        l.drain(Duration::ZERO, async {}).await;
+        assert_eq!(l.phase(), Phase::Closing);
+        assert!(t0.elapsed() < MIN_DRAIN, "{:?}", t0.elapsed());
     }
 
     #[tokio::test]
