@@ -1,7 +1,7 @@
 //! A `GpuApi` with no device behind it: allocations are numbered addresses (with an optional
 //! byte budget, so out-of-memory can be provoked), launches and copies do nothing, downloads
-//! return zeros (except what a clock stamp wrote, below), and graph capture works as the drivers' does from the backend's side (begin,
-//! queued work, end, launch). The shared GPU backend runs on it unchanged, so its host-side
+//! return zeros (except what a clock stamp wrote, below), and graph capture works as the
+//! drivers' does from the backend's side (begin, queued work, end, launch). The shared GPU backend runs on it unchanged, so its host-side
 //! logic (tapes, graphs, pooled buffers, KV reuse, kernel timing) is tested without a GPU.
 //! Nothing it computes is a number: never compare its outputs.
 //!
@@ -56,8 +56,6 @@ struct State {
     next_handle: u64,
     capturing: bool,
     failed_allocs: u64,
-    /// The stamp kernel's function handle, once loaded.
-    stamp_fn: Option<FunctionHandle>,
     /// Launches queued while capturing, and those of every captured graph.
     captured: Vec<FakeLaunch>,
     graphs: HashMap<u64, Vec<FakeLaunch>>,
@@ -208,11 +206,7 @@ impl GpuApi for FakeGpu {
     }
     fn function(&self, _module: u64, name: &str) -> Result<FunctionHandle> {
         let f = FunctionHandle(self.handle());
-        let mut s = self.state();
-        if name == "civetta_time_stamp" {
-            s.stamp_fn = Some(f);
-        }
-        s.names.insert(f, name.to_string());
+        self.state().names.insert(f, name.to_string());
         Ok(f)
     }
     unsafe fn launch(
@@ -226,8 +220,7 @@ impl GpuApi for FakeGpu {
     ) -> Result<()> {
         let mut s = self.state();
         let name = s.names.get(&f).cloned().unwrap_or_default();
-        s.blocks.entry(name).or_default().push(block[0]);
-        let launch = if s.stamp_fn == Some(f) {
+        let launch = if name == "civetta_time_stamp" {
             // SAFETY: the backend passes civetta_time_stamp(u64* stamps, int slot), each
             // argument in an 8-byte slot.
             let (buf, slot) = unsafe { (*(params[0] as *const u64), *(params[1] as *const u64) as u32 as u64) };
@@ -235,6 +228,7 @@ impl GpuApi for FakeGpu {
         } else {
             FakeLaunch::Other
         };
+        s.blocks.entry(name).or_default().push(block[0]);
         if s.capturing {
             s.captured.push(launch);
         } else {

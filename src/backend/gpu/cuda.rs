@@ -15,8 +15,8 @@ pub struct CudaApi {
     stream: sys::CUstream,
     name: String,
     arch: String,
-    /// Streaming multiprocessors (`GpuApi::compute_units`).
-    sms: usize,
+    /// Streaming multiprocessors (`GpuApi::compute_units`), if the driver gave a count.
+    sms: Option<usize>,
 }
 
 // SAFETY: CUDA contexts and streams may be used from any thread once made current there;
@@ -77,7 +77,7 @@ impl CudaApi {
             check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
             let mut stream = std::ptr::null_mut();
             check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
-            Ok(CudaApi { ctx, stream, name, arch: format!("sm_{major}{minor}"), sms: usize::try_from(sms).unwrap_or(0) })
+            Ok(CudaApi { ctx, stream, name, arch: format!("sm_{major}{minor}"), sms: usize::try_from(sms).ok().filter(|&n| n > 0) })
         }
     }
 
@@ -109,7 +109,7 @@ impl GpuApi for CudaApi {
     }
 
     fn compute_units(&self) -> Option<usize> {
-        (self.sms > 0).then_some(self.sms)
+        self.sms
     }
 
     /// %globaltimer counts nanoseconds; it advances every 32 ns from sm_90 on and only about
