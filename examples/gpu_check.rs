@@ -175,8 +175,7 @@ const BATCH_SEQS: usize = 5;
 /// batch's other arithmetic can flip a near-tied routing choice just as the CPU's can: the
 /// forced number is the arithmetic alone, judged like the prefill's).
 fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result<(f64, Option<f64>)> {
-    let parts: [&[u32]; BATCH_SEQS] = [&prompt[..50], &prompt[50..70], &prompt[70..100], &prompt[100..130], &prompt[130..]];
-    let next: [u32; BATCH_SEQS] = std::array::from_fn(|i| prompt[i + 1]);
+    let (parts, next) = batch_parts(prompt);
     let tap = model.routing_tap();
     if let Some(tap) = tap {
         tap.start_record();
@@ -219,6 +218,26 @@ fn batch_vs_solo<B: Backend>(model: &Model<B>, prompt: &[u32]) -> anyhow::Result
         _ => None,
     };
     Ok((worst_of(&free), forced))
+}
+
+/// The batch check's sequences (prompts of 50, 20, 30, 30 and 30 tokens) and their decode tokens.
+fn batch_parts(prompt: &[u32]) -> ([&[u32]; BATCH_SEQS], [u32; BATCH_SEQS]) {
+    let parts: [&[u32]; BATCH_SEQS] = [&prompt[..50], &prompt[50..70], &prompt[70..100], &prompt[100..130], &prompt[130..]];
+    (parts, std::array::from_fn(|i| prompt[i + 1]))
+}
+
+/// The batch check's passes on two backends whose only differences are the batched attention
+/// kernels (one store and one attention launch per layer) against the per-sequence ones, and
+/// graphs against eager launches: the same arithmetic, so the same bits. Returns (rows equal,
+/// rows).
+fn batched_vs_per_sequence_attention<B: Backend>(batched: &Model<B>, per_seq: &Model<B>, prompt: &[u32]) -> anyhow::Result<(usize, usize)> {
+    let (parts, next) = batch_parts(prompt);
+    let (a, b) = (batch_pass(batched, &parts, &next)?, batch_pass(per_seq, &parts, &next)?);
+    let rows = |(p, d): &(Vec<Vec<f32>>, Vec<Vec<f32>>)| {
+        p.iter().chain(d).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>()
+    };
+    let (a, b) = (rows(&a), rows(&b));
+    Ok((a.iter().zip(&b).filter(|(x, y)| x == y).count(), a.len()))
 }
 
 /// One batched prefill of `parts`, then one batched decode row each (`next`): the last-row
@@ -303,7 +322,14 @@ fn main() -> anyhow::Result<()> {
     let gpu = civetta::backend::create_with(&backend, 0, true, &opts)?;
     // The reference for the graphs: every launch queued on its own, each after the previous one
     // has finished (no overlapped launches), so the bit comparison also covers the overlap.
-    let gpu_eager = civetta::backend::create_with(&backend, 0, true, &GpuOptions { eager: true, overlap_launches: false, ..opts.clone() })?;
+    // It also attends sequence by sequence (batched_attention off): the batch check's passes on
+    // the two must agree bit for bit too.
+    let gpu_eager = civetta::backend::create_with(
+        &backend,
+        0,
+        true,
+        &GpuOptions { eager: true, overlap_launches: false, batched_attention: false, ..opts.clone() },
+    )?;
     let gpu_host = civetta::backend::create_with(&backend, 0, true, &GpuOptions { moe_device_routing: false, ..opts.clone() })?;
     let gpu_copies = civetta::backend::create_with(&backend, 0, true, &GpuOptions { q4k_f16_copies: true, ..opts.clone() })?;
     // One name, one backend type: the four are matched once and the check runs monomorphised.
@@ -405,6 +431,8 @@ fn check_all<G: Backend>(
                 Some(f) => format!("{batch_free:.2e} free, {f:.2e} forced"),
                 None => format!("{batch_free:.2e}"),
             };
+            let (batch_equal, batch_rows) = batched_vs_per_sequence_attention(&m_gpu, &m_eager, &prompt)?;
+            println!("batched vs per-sequence attention {arch} {q}: {batch_equal}/{batch_rows} batch logits rows equal bit for bit");
             // Same backend, same kernels: replayed graphs must give the eager launches' bits.
             let graphed = decode_logits(&m_gpu, &prompt[..8], &tc)?;
             let eager = decode_logits(&m_eager, &prompt[..8], &tc)?;
@@ -430,7 +458,7 @@ fn check_all<G: Backend>(
             } else {
                 true
             };
-            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok && routing_dev_ok && raw_ok;
+            let ok = prefill_ok && greedy_ok && batch < tolerance(t) && graphs_ok && routing_dev_ok && raw_ok && batch_equal == batch_rows;
             failures += usize::from(!ok);
             println!(
                 "| {arch} {q} | {worst:.2e} | {:.0e} | {agree}/{} | {greedy_text} | {batch_text} | {same}/{} equal | {} |",

@@ -16,6 +16,12 @@
 //   32-key tiles: K as [key][d] and V transposed to [d][key] in LDS, each wave's P through LDS
 //   into the A operand's layout. Grid: (ceil(T/64), Hq); block: 128 threads. (D = 256 keeps the
 //   scalar kernel: its Q and O fragments would not fit the registers.)
+// civetta_attn_prefill_batch{,_mma}_d*: the same kernels over the prompt rows of several sequences
+//   in one launch (a multi-prompt prefill step: one launch per layer instead of one per sequence).
+//   q and out hold all the batch's rows; each workgroup finds its sequence, its query tile, the
+//   sequence's rows and caches in two small device tables (prefill_tile below). Each workgroup
+//   does exactly what the per-sequence launch's workgroup for that tile does: the same bits.
+//   Grid: (tiles of all the sequences, Hq).
 // civetta_attn_decode_d{64,128,256}: one query per head against all S keys (T = 1).
 //   4 waves split the keys (each loads 4 keys, 2 at D = 256, per step), each lane owns D/32
 //   dims; the waves merge in LDS.
@@ -47,7 +53,8 @@ template <int D> constexpr int prefill_threads() { return kQueriesPerGroup * pre
 
 template <int D>
 CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
-                            int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks) {
+                            int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks,
+                            int tile) {
   constexpr int kTpq = prefill_tpq<D>(), kGroupThreads = prefill_threads<D>();
   constexpr int kDims = D / kTpq; // dims per thread
   __shared__ __attribute__((aligned(16))) cv_half k_tile[kKeysPerTile * D];
@@ -55,7 +62,7 @@ CV_DEVICE void attn_prefill(const float* q, const cv_half* k_cache, const cv_hal
 
   const int tid = (int)cv_tid_x();
   const int head = (int)cv_bid_y(), kv_head = head / (Hq / Hkv);
-  const int t0 = (int)cv_bid_x() * kQueriesPerGroup;
+  const int t0 = tile * kQueriesPerGroup;
   const int t = t0 + tid / kTpq, d0 = (tid % kTpq) * kDims;
   const bool active = t < T;
   const int q_pos = q_pos0 + (active ? t : T - 1);
@@ -123,7 +130,8 @@ constexpr int kMmaQueries = 64, kMmaWaves = 4, kMmaKeys = 32, kMmaThreads = kMma
 
 template <int D>
 CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T,
-                                int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks) {
+                                int S, int Hq, int Hkv, int q_pos0, float scale, int window, const float* sinks,
+                                int tile) {
   constexpr int kQs = D + 8;        // q and k tile row stride (halves): fragment reads conflict-free
   constexpr int kVs = kMmaKeys + 8; // V^T and P tile row stride (halves)
   constexpr int kDt = D / 16;       // 16-wide tiles of the head dimension
@@ -134,7 +142,7 @@ CV_DEVICE void attn_prefill_mma(const float* q, const cv_half* k_cache, const cv
 
   const int tid = (int)cv_tid_x(), wave = tid / CV_WAVE;
   const int head = (int)cv_bid_y(), kv_head = head / (Hq / Hkv);
-  const int t0 = (int)cv_bid_x() * kMmaQueries;
+  const int t0 = tile * kMmaQueries;
   const int wq0 = t0 + wave * 16; // this wave's first query
   const float neg_inf = -__builtin_inff();
 
@@ -332,13 +340,39 @@ CV_DEVICE void attn_decode(const float* q, cv_half* k_cache, cv_half* v_cache, f
   }
 }
 
+// Batched prefill: the workgroup's sequence and query tile. Workgroup x takes tile tiles[2x + 1]
+// of sequence s = tiles[2x]; seqs[4s .. 4s + 2] = (its first row in q and out, its rows T, the
+// position q_pos0 of its first row); its caches are kv[2s] (k) and kv[2s + 1] (v), holding
+// positions 0 .. q_pos0 + T - 1 (its new rows stored by civetta_kv_store_prefill_batch_f16 before).
+struct PrefillTile {
+  const float* q;
+  const cv_half* k;
+  const cv_half* v;
+  float* out;
+  int T, q_pos0, tile;
+};
+
+CV_DEVICE PrefillTile prefill_tile(const float* q, cv_half* const* kv, float* out, const int* seqs, const int* tiles,
+                                   int row_width) {
+  const int* t = tiles + 2 * (long)cv_bid_x();
+  const int s = t[0];
+  const long row = (long)seqs[4 * s] * row_width;
+  return PrefillTile{q + row, kv[2 * s], kv[2 * s + 1], out + row, seqs[4 * s + 1], seqs[4 * s + 2], t[1]};
+}
+
 } // namespace
 
 #define CIVETTA_ATTN(D)                                                                                          \
   CV_KERNEL CV_LAUNCH_BOUNDS(prefill_threads<D>()) void civetta_attn_prefill_d##D(                               \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
       int q_pos0, float scale, int window, const float* sinks) {                                                 \
-    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks);                      \
+    attn_prefill<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks, (int)cv_bid_x());    \
+  }                                                                                                              \
+  CV_KERNEL CV_LAUNCH_BOUNDS(prefill_threads<D>()) void civetta_attn_prefill_batch_d##D(                         \
+      const float* q, cv_half* const* kv, float* out, const int* seqs, const int* tiles, int Hq, int Hkv,       \
+      float scale, int window, const float* sinks) {                                                             \
+    const PrefillTile p = prefill_tile(q, kv, out, seqs, tiles, Hq * D);                                         \
+    attn_prefill<D>(p.q, p.k, p.v, p.out, p.T, p.q_pos0 + p.T, Hq, Hkv, p.q_pos0, scale, window, sinks, p.tile); \
   }                                                                                                              \
   CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_d##D(                                            \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int S, int Hq, int Hkv,        \
@@ -373,7 +407,14 @@ CIVETTA_ATTN(256) // Gemma 3
   CV_KERNEL CV_LAUNCH_BOUNDS(kMmaThreads) void civetta_attn_prefill_mma_d##D(                                    \
       const float* q, const cv_half* k_cache, const cv_half* v_cache, float* out, int T, int S, int Hq, int Hkv, \
       int q_pos0, float scale, int window, const float* sinks) {                                                 \
-    attn_prefill_mma<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks);                  \
+    attn_prefill_mma<D>(q, k_cache, v_cache, out, T, S, Hq, Hkv, q_pos0, scale, window, sinks, (int)cv_bid_x()); \
+  }                                                                                                              \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kMmaThreads) void civetta_attn_prefill_batch_mma_d##D(                              \
+      const float* q, cv_half* const* kv, float* out, const int* seqs, const int* tiles, int Hq, int Hkv,       \
+      float scale, int window, const float* sinks) {                                                             \
+    const PrefillTile p = prefill_tile(q, kv, out, seqs, tiles, Hq * D);                                         \
+    attn_prefill_mma<D>(p.q, p.k, p.v, p.out, p.T, p.q_pos0 + p.T, Hq, Hkv, p.q_pos0, scale, window, sinks,      \
+                        p.tile);                                                                                 \
   }
 
 CIVETTA_ATTN_MMA(64)

@@ -1,10 +1,11 @@
-//! The forward pass's side of batched decode attention (`Backend::decode_attention_batch`,
-//! issue #17; the GPU backends implement it with one KV-store and one attention launch per
-//! layer): a backend that takes the batched call must be handed, for every sequence of a
-//! decode batch, its own row, caches and position. A wrapper around the CPU backend takes the
-//! batched call and answers it with the per-sequence `kv_store` + `attention` calls; its logits
-//! must equal, bit for bit, those of the same wrapper declining the call (the model's own
-//! per-sequence loop), and the batched call must have been used.
+//! The forward pass's side of batched attention (`Backend::decode_attention_batch`, issue #17,
+//! and `Backend::prefill_attention_batch`, issue #14; the GPU backends implement each with one
+//! KV-store and one attention launch per layer): a backend that takes a batched call must be
+//! handed, for every sequence of the batch, its own rows, caches and position. A wrapper around
+//! the CPU backend takes the batched calls and answers them with the per-sequence
+//! `kv_store_attention` calls; its logits must equal, bit for bit, those of the same wrapper
+//! declining the calls (the model's own per-sequence loop), and the batched calls must have
+//! been used.
 
 mod common;
 
@@ -16,11 +17,18 @@ use common::delegate::{Delegate, Hooks, InnerTable};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Hooks that take the batched call (when `take_batches`) and answer it with the inner
-/// backend's per-sequence `kv_store` + `attention` calls.
+/// Hooks that take the batched calls (when `take_batches`) and answer them with the inner
+/// backend's per-sequence calls.
 struct Batching {
     take_batches: bool,
     batched_calls: AtomicUsize,
+    prefill_calls: AtomicUsize,
+}
+
+impl Batching {
+    fn new(take_batches: bool) -> Self {
+        Batching { take_batches, batched_calls: AtomicUsize::new(0), prefill_calls: AtomicUsize::new(0) }
+    }
 }
 
 impl<B: Backend> Hooks<B> for Batching {
@@ -46,6 +54,28 @@ impl<B: Backend> Hooks<B> for Batching {
             inner.kv_store(k, v, kc, vc, row, start, 1, kv_dim)?;
             let s = AttentionShape { n_tokens: 1, start_pos: start, first_row: row, ..shape };
             inner.attention(q, kc, vc, s, out)?;
+        }
+        Ok(true)
+    }
+    fn prefill_attention_batch(
+        &self,
+        inner: &B,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        caches: &mut [(&mut B::KvBuffer, &mut B::KvBuffer)],
+        shapes: &[AttentionShape],
+        sinks: Option<&[f32]>,
+        out: &mut B::Buffer,
+    ) -> civetta::backend::Result<bool> {
+        if !self.take_batches {
+            return Ok(false);
+        }
+        assert_eq!(caches.len(), shapes.len());
+        assert!(shapes.len() >= 2 && shapes.iter().all(|s| s.n_tokens >= 2), "{shapes:?}");
+        self.prefill_calls.fetch_add(1, Ordering::Relaxed);
+        for ((kc, vc), &s) in caches.iter_mut().zip(shapes) {
+            inner.kv_store_attention(q, k, v, kc, vc, s, sinks, out)?;
         }
         Ok(true)
     }
@@ -77,13 +107,68 @@ fn batched_decode_attention_gets_each_sequence_its_own_row_cache_and_position() 
     synth_model(&SynthSpec::preset("llama", GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let cpu = civetta::backend::create_cpu(1).unwrap();
-    let backend = |take_batches| Delegate::new(cpu.clone(), Batching { take_batches, batched_calls: AtomicUsize::new(0) });
+    let backend = |take_batches| Delegate::new(cpu.clone(), Batching::new(take_batches));
     let (per_seq, batched) = (backend(false), backend(true));
     let a = run(&Model::load(file.clone(), per_seq.clone()).unwrap());
     let model = Model::load(file, batched.clone()).unwrap();
     let b = run(&model);
     assert_eq!(a, b, "batched decode attention changed the logits");
     assert_eq!(per_seq.hooks.batched_calls.load(Ordering::Relaxed), 0);
-    // One call per layer and decode step; the prefill (several rows per sequence) never batches.
+    // One decode call per layer and decode step, one prefill call per layer for the prompts.
     assert_eq!(batched.hooks.batched_calls.load(Ordering::Relaxed), 5 * model.hp.n_layer);
+    assert_eq!(batched.hooks.prefill_calls.load(Ordering::Relaxed), model.hp.n_layer);
+}
+
+/// Steps that mix prompt chunks with decode rows, as a serving step does: the first pass
+/// prefills two prompts (6 and 11 rows) and starts a third (4 of its 9 rows); the second gives
+/// the two their first decode row (per-sequence attention) and the third its last 5 rows, with
+/// a fourth sequence's 7-row prompt (batched: two sequences of several rows, the second from
+/// position 4); the third pass decodes all four (the batched decode call).
+fn run_mixed<B: Backend>(model: &Model<B>) -> Vec<Vec<f32>> {
+    let prompt = |n: u32| -> Vec<u32> { (0..n).map(|i| (i * 29 + n * 3) % 200 + 1).collect() };
+    let (p0, p1, p2, p3) = (prompt(6), prompt(11), prompt(9), prompt(7));
+    let mut caches: Vec<_> = (0..4).map(|_| model.new_cache(16).unwrap()).collect();
+    let [c0, c1, c2, c3] = &mut caches[..] else { unreachable!() };
+    let mut all = model
+        .forward_batch(&mut [
+            SeqRows { cache: &mut *c0, tokens: &p0[..], logits: Logits::Last },
+            SeqRows { cache: &mut *c1, tokens: &p1[..], logits: Logits::Last },
+            SeqRows { cache: &mut *c2, tokens: &p2[..4], logits: Logits::None },
+        ])
+        .unwrap();
+    all.extend(
+        model
+            .forward_batch(&mut [
+                SeqRows { cache: &mut *c0, tokens: &[5][..], logits: Logits::Last },
+                SeqRows { cache: &mut *c2, tokens: &p2[4..], logits: Logits::All },
+                SeqRows { cache: &mut *c1, tokens: &[9][..], logits: Logits::Last },
+                SeqRows { cache: &mut *c3, tokens: &p3[..], logits: Logits::Last },
+            ])
+            .unwrap(),
+    );
+    let next = [[3u32], [4], [6], [8]];
+    let mut rows: Vec<SeqRows<B>> =
+        [c0, c1, c2, c3].into_iter().zip(&next).map(|(c, t)| SeqRows { cache: c, tokens: &t[..], logits: Logits::Last }).collect();
+    all.extend(model.forward_batch(&mut rows).unwrap());
+    all
+}
+
+#[test]
+fn batched_prefill_attention_gets_each_sequence_its_own_rows_caches_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3-q8_0.gguf");
+    synth_model(&SynthSpec::preset("qwen3", GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let cpu = civetta::backend::create_cpu(1).unwrap();
+    let (per_seq, batched) = (Delegate::new(cpu.clone(), Batching::new(false)), Delegate::new(cpu, Batching::new(true)));
+    let a = run_mixed(&Model::load(file.clone(), per_seq.clone()).unwrap());
+    let model = Model::load(file, batched.clone()).unwrap();
+    let b = run_mixed(&model);
+    assert_eq!(a.len(), 3 + 4 + 4, "one logits vector per sequence and pass");
+    assert_eq!(a, b, "batched prefill attention changed the logits");
+    assert_eq!(per_seq.hooks.prefill_calls.load(Ordering::Relaxed), 0);
+    // The first two passes batch their prompt rows in every layer; the third is a decode batch.
+    let layers = model.hp.n_layer;
+    assert_eq!(batched.hooks.prefill_calls.load(Ordering::Relaxed), 2 * layers);
+    assert_eq!(batched.hooks.batched_calls.load(Ordering::Relaxed), layers);
 }

@@ -144,3 +144,52 @@ fn batched_mat_vecs_with_fewer_tiles_than_compute_units_take_the_16_wave_build()
         }
     }
 }
+
+/// A pass that prefills several prompts stores their k and v rows in one launch and attends in
+/// one launch per layer (`engine.gpu.batched_attention`), instead of two launches per sequence
+/// and layer; a sequence with one row in the same pass keeps its decode kernel. With the option
+/// off, every sequence gets its own launches.
+#[test]
+fn a_pass_of_several_prompts_attends_in_one_launch_per_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = decode_test_model(dir.path());
+    let file = Arc::new(civetta::gguf::GgufFile::open(&model).unwrap());
+    for batched in [true, false] {
+        let api = FakeGpu::default();
+        let kernels = tempfile::tempdir().unwrap();
+        let opts = GpuOptions { batched_attention: batched, eager: true, ..fake_options(kernels.path()) };
+        let be = Arc::new(GpuBackend::new(api.clone(), &opts).unwrap());
+        let m = civetta::model::Model::load(file.clone(), be.clone()).unwrap();
+        let layers = m.hp.n_layer;
+        let mut caches: Vec<_> = (0..4).map(|_| m.new_cache(80).unwrap()).collect();
+        let (a, b, c) = (vec![3u32; 20], vec![5u32; 70], vec![7u32; 9]);
+        let [c0, c1, c2, c3] = &mut caches[..] else { unreachable!() };
+        m.forward(c3, &[1, 2], civetta::model::Logits::Last).unwrap();
+        let lens = |api: &FakeGpu| {
+            [
+                "civetta_attn_prefill_batch_mma_d64",
+                "civetta_kv_store_prefill_batch_f16",
+                "civetta_attn_prefill_mma_d64",
+                "civetta_attn_decode_pos_d64",
+            ]
+            .map(|k| api.launch_blocks(k).len())
+        };
+        let before = lens(&api);
+        use civetta::model::{Logits, SeqRows};
+        m.forward_batch(&mut [
+            SeqRows { cache: &mut *c0, tokens: &a, logits: Logits::Last },
+            SeqRows { cache: &mut *c3, tokens: &[4], logits: Logits::Last },
+            SeqRows { cache: &mut *c1, tokens: &b, logits: Logits::Last },
+            SeqRows { cache: &mut *c2, tokens: &c, logits: Logits::Last },
+        ])
+        .unwrap();
+        be.synchronize().unwrap();
+        let after = lens(&api);
+        let launched: Vec<usize> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        if batched {
+            assert_eq!(launched, [layers, layers, 0, layers], "batched prefill, per-sequence decode");
+        } else {
+            assert_eq!(launched, [0, 0, 3 * layers, layers], "per-sequence prefill and decode");
+        }
+    }
+}

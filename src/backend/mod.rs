@@ -362,6 +362,26 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (q, k, v, caches, start_pos, shape, out);
         Ok(false)
     }
+    /// Batched prefill (issue #14): `kv_store_attention` for several sequences of two or more
+    /// new rows each (prompts or prompt chunks of one step), in one go. Sequence i's rows of q,
+    /// k, v and out, its position, the heads and the layer's window are `shapes[i]`; its caches
+    /// `caches[i]` (contiguous, one per sequence); `sinks` as in `attention_with_sinks`. The
+    /// same numbers as the per-sequence calls. Returns Ok(false), having done nothing, where the
+    /// backend has no batched kernels; the caller then makes the per-sequence calls.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_attention_batch(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        caches: &mut [(&mut Self::KvBuffer, &mut Self::KvBuffer)],
+        shapes: &[AttentionShape],
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
+        let _ = (q, k, v, caches, shapes, sinks, out);
+        Ok(false)
+    }
     /// Whether this backend implements `kv_store_paged` and `attention_paged` (one KV pool of
     /// fixed-size blocks shared by all sequences). Backends without it get one contiguous
     /// cache per sequence from the engine.

@@ -556,10 +556,14 @@ impl<B: Backend> Model<B> {
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
             let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att)?;
+            // Several prompts (or chunks) in one step: their stores and attention in one go where
+            // the backend has batched kernels; the sequences of one row then go on below.
+            let prefilled = !batched && self.prefill_attention_batch(seqs, &first_rows, li, q, k, v, a.sinks.as_deref(), att)?;
             // Ragged part: each sequence stores its rows and attends over its own cache; the
             // sequences of the pool attend in one call (one parallel region on the CPU).
             let mut paged: Vec<SeqAttention<'_>> = Vec::new();
-            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
+            let done = |s: &SeqRows<'_, B>| batched || (prefilled && s.tokens.len() > 1);
+            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|((s, _), _)| !done(s)) {
                 let (start, len) = (s.cache.len, s.tokens.len());
                 let shape = AttentionShape {
                     n_tokens: len,
@@ -711,6 +715,45 @@ impl<B: Backend> Model<B> {
             window: None,
         };
         Ok(self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)?)
+    }
+
+    /// `Backend::prefill_attention_batch` for layer `li` over the sequences that bring two or
+    /// more rows (prompts or prompt chunks), when there are at least two and each keeps its own
+    /// contiguous cache (the GPU backends); false (nothing done) otherwise or where the backend
+    /// has no batched kernels. Sequences of one row are left to the per-sequence calls.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_attention_batch(
+        &self,
+        seqs: &mut [SeqRows<'_, B>],
+        first_rows: &[usize],
+        li: usize,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        sinks: Option<&[f32]>,
+        out: &mut B::Buffer,
+    ) -> anyhow::Result<bool> {
+        let hp = &self.hp;
+        if seqs.iter().filter(|s| s.tokens.len() > 1).count() < 2 {
+            return Ok(false);
+        }
+        let (mut caches, mut shapes) = (Vec::new(), Vec::new());
+        for (s, &row) in seqs.iter_mut().zip(first_rows).filter(|(s, _)| s.tokens.len() > 1) {
+            shapes.push(AttentionShape {
+                n_tokens: s.tokens.len(),
+                start_pos: s.cache.len,
+                first_row: row,
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim: hp.head_dim,
+                window: hp.layer_window(li),
+            });
+            match &mut s.cache.storage {
+                KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
+                KvStorage::Paged { .. } => return Ok(false),
+            }
+        }
+        Ok(self.backend.prefill_attention_batch(q, k, v, &mut caches, &shapes, sinks, out)?)
     }
 }
 

@@ -5,27 +5,15 @@
 //! (kernels/matvec_dp4a.hip's `_x8` / `_x16` builds).
 //!
 //! The kernel (`attn_decode_batch_d*` in kernels/attention.hip) finds each sequence's caches in
-//! a device table of pointers (k0, v0, k1, v1, ...) and its position in the positions buffer
-//! RoPE reads. A table is made once per distinct list of caches (a layer of a set of sequences)
-//! and kept, so the launches of a step are the same from token to token and its decode graph
-//! replays.
+//! a device table of pointers (k0, v0, k1, v1, ...; device_tables.rs) and its position in the
+//! positions buffer RoPE reads. A table is made once per distinct list of caches (a layer of a
+//! set of sequences) and kept, so the launches of a step are the same from token to token and its
+//! decode graph replays.
 
 use super::api::DevicePtr;
 use super::Args;
-use super::{AttentionShape, DevBuf, FreshQ8, GpuApi, GpuBackend, GpuBuffer};
-use crate::backend::{Result, ResultExt};
-use std::collections::HashMap;
-
-/// Tables kept before all are dropped (after waiting for the stream): about 2 MB at 32
-/// sequences. A table is 16 bytes per sequence.
-const MAX_TABLES: usize = 4096;
-
-/// Device tables of cache pointers, by their contents. A table is never rewritten, so work
-/// queued (or captured in a graph) with it stays valid while it exists.
-#[derive(Default)]
-pub(super) struct KvTables {
-    tables: HashMap<Vec<DevicePtr>, DevBuf>,
-}
+use super::{AttentionShape, FreshQ8, GpuApi, GpuBackend, GpuBuffer};
+use crate::backend::Result;
 
 impl<A: GpuApi> GpuBackend<A> {
     /// `Backend::decode_attention_batch`: Ok(false) where it does not apply (`batched_attention`
@@ -60,7 +48,7 @@ impl<A: GpuApi> GpuBackend<A> {
             }
         };
         let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [kc.mem.ptr, vc.mem.ptr]).collect();
-        let table = self.kv_table(ptrs)?;
+        let table = self.kv_table(&ptrs)?;
         let n = caches.len();
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         // The output also as the o projection's q8_1 input, where its mat-vec takes that.
@@ -88,29 +76,5 @@ impl<A: GpuApi> GpuBackend<A> {
             *self.fresh_q8.lock() = Some(FreshQ8 { x: out.mem.ptr, len: n * width, q: xq, ds: xds });
         }
         Ok(true)
-    }
-
-    /// The device table holding `ptrs`, made (uploaded to a buffer no queued work has seen)
-    /// on first use.
-    fn kv_table(&self, ptrs: Vec<DevicePtr>) -> Result<DevicePtr> {
-        let mut t = self.kv_tables.lock();
-        if let Some(b) = t.tables.get(&ptrs) {
-            return Ok(b.ptr);
-        }
-        if t.tables.len() >= MAX_TABLES {
-            // Queued and captured work may still read the old tables: drop them only once the
-            // stream is idle. Graphs that named them are never replayed with a new table at
-            // the same address unless their tape (and so the table's contents) is the same.
-            self.flush()?;
-            self.api.synchronize()?;
-            t.tables.clear();
-        }
-        let bytes: Vec<u8> = ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
-        // A fresh allocation, not a pooled buffer that recorded launches may still use.
-        let buf = self.raw_alloc(bytes.len())?;
-        self.api.upload(buf.ptr, &bytes).while_doing(|| "uploading a KV cache table".into())?;
-        let ptr = buf.ptr;
-        t.tables.insert(ptrs, buf);
-        Ok(ptr)
     }
 }

@@ -23,12 +23,14 @@ pub mod api;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod decode_batch;
+mod device_tables;
 pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod image_choice;
 mod moe;
 mod overlap;
+mod prefill_batch;
 mod repack;
 
 use super::{AttentionShape, Backend, Error, HostBuffer, KvBlocks, Result, ResultExt, RopeScaling, RopeStyle, Unpin, Weight, WeightOf};
@@ -61,7 +63,9 @@ pub struct GpuOptions {
     /// Decode batches (one row per sequence) run the KV store and the attention of all
     /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
     /// sequence. On by default since its H200 run (2026-12-05, docs/GPU.md "Batched decode":
-    /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster).
+    /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster). Steps
+    /// that prefill several prompts (or chunks) do the same for those sequences
+    /// (`prefill_batch.rs`): two launches per layer instead of two per sequence, the same bits.
     pub batched_attention: bool,
     /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
     /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (16, since
@@ -384,6 +388,11 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("attn_decode_batch_d64", 128),
             ("attn_decode_batch_d128", 128),
             ("attn_decode_batch_d256", 128),
+            ("attn_prefill_batch_d64", 128),
+            ("attn_prefill_batch_d128", 128),
+            ("attn_prefill_batch_d256", 256),
+            ("attn_prefill_batch_mma_d64", 128),
+            ("attn_prefill_batch_mma_d128", 128),
         ],
     ),
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
@@ -402,7 +411,7 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
         ],
     ),
     ("gemm_w8a8", &[("gemm_w8a8_64x64", 128), ("gemm_w8a8_128x128", 256)]),
-    ("kv_cache", &[("kv_store_f16", 256)]),
+    ("kv_cache", &[("kv_store_f16", 256), ("kv_store_prefill_batch_f16", 256)]),
     (
         "matvec",
         &[
@@ -732,8 +741,8 @@ pub struct GpuBackend<A: GpuApi> {
     gemm_tile: GemmTile,
     /// `GpuOptions::prefill_attention`: the matrix-step kernel where the head size has one.
     prefill_attention_mma: bool,
-    /// Device tables of KV cache pointers for batched decode attention (`decode_batch.rs`).
-    kv_tables: Mutex<decode_batch::KvTables>,
+    /// Device tables of cache pointers and batch descriptors for batched attention (`device_tables.rs`).
+    device_tables: Mutex<device_tables::DeviceTables>,
     tape: Mutex<Tape>,
     graphs: Mutex<GraphCache>,
     /// Set when events recorded inside a graph could not be read: replays are then untimed.
@@ -885,7 +894,7 @@ impl<A: GpuApi> GpuBackend<A> {
             mma_wide_below,
             moe_device_routing: opts.moe_device_routing,
             q4k_f16_copies: opts.q4k_f16_copies,
-            kv_tables: Mutex::new(decode_batch::KvTables::default()),
+            device_tables: Mutex::new(device_tables::DeviceTables::default()),
             tape: Mutex::new(Tape::default()),
             graphs: Mutex::new(GraphCache::default()),
             graph_timing_broken: std::sync::atomic::AtomicBool::new(false),
@@ -2220,6 +2229,19 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         out: &mut Self::Buffer,
     ) -> Result<bool> {
         self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out)
+    }
+
+    fn prefill_attention_batch(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        caches: &mut [(&mut Self::KvBuffer, &mut Self::KvBuffer)],
+        shapes: &[AttentionShape],
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buffer,
+    ) -> Result<bool> {
+        self.try_prefill_attention_batch(q, k, v, caches, shapes, sinks, out)
     }
 
     fn attention(
