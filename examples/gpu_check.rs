@@ -226,17 +226,29 @@ fn batch_parts(prompt: &[u32]) -> ([&[u32]; BATCH_SEQS], [u32; BATCH_SEQS]) {
     (parts, std::array::from_fn(|i| prompt[i + 1]))
 }
 
-/// The batch check's passes on two backends whose only differences are the batched attention
-/// kernels (one store and one attention launch per layer) against the per-sequence ones, and
-/// graphs against eager launches: the same arithmetic, so the same bits. Returns (rows equal,
-/// rows).
+/// The batch check's sequences on two backends whose only differences are the batched attention
+/// kernels (per layer one store and one attention launch for the prompts, one for the decode
+/// rows) against the per-sequence ones, and graphs against eager launches: the same arithmetic,
+/// so the same bits. Three passes: the five prompts; a mixed step (sequences 0 and 1 one decode
+/// row each, 2 to 4 three rows each); one decode row each. Returns (logits vectors equal, vectors).
 fn batched_vs_per_sequence_attention<B: Backend>(batched: &Model<B>, per_seq: &Model<B>, prompt: &[u32]) -> anyhow::Result<(usize, usize)> {
     let (parts, next) = batch_parts(prompt);
-    let (a, b) = (batch_pass(batched, &parts, &next)?, batch_pass(per_seq, &parts, &next)?);
-    let rows = |(p, d): &(Vec<Vec<f32>>, Vec<Vec<f32>>)| {
-        p.iter().chain(d).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>()
+    let passes = |model: &Model<B>| -> anyhow::Result<Vec<Vec<u32>>> {
+        let mut caches = parts.iter().map(|p| model.new_cache(p.len() + 8)).collect::<anyhow::Result<Vec<_>>>()?;
+        let mut out = Vec::new();
+        let steps: [Vec<(&[u32], Logits)>; 3] = [
+            parts.iter().map(|p| (*p, Logits::Last)).collect(),
+            (0..BATCH_SEQS).map(|i| if i < 2 { (&next[i..i + 1], Logits::Last) } else { (&parts[i][..3], Logits::All) }).collect(),
+            (0..BATCH_SEQS).map(|i| (&next[i..i + 1], Logits::Last)).collect(),
+        ];
+        for step in steps {
+            let mut rows: Vec<SeqRows<B>> =
+                caches.iter_mut().zip(step).map(|(cache, (tokens, logits))| SeqRows { cache, tokens, logits }).collect();
+            out.extend(model.forward_batch(&mut rows)?.into_iter().map(|l| l.iter().map(|x| x.to_bits()).collect()));
+        }
+        Ok(out)
     };
-    let (a, b) = (rows(&a), rows(&b));
+    let (a, b) = (passes(batched)?, passes(per_seq)?);
     Ok((a.iter().zip(&b).filter(|(x, y)| x == y).count(), a.len()))
 }
 

@@ -22,6 +22,8 @@
 //   sequence's rows and caches in two small device tables (prefill_tile below). Each workgroup
 //   does exactly what the per-sequence launch's workgroup for that tile does: the same bits.
 //   Grid: (tiles of all the sequences, Hq).
+// civetta_attn_decode_rows_d*: the one-row sequences of such a step (mixed prefill and decode), one
+//   launch for all of them, each as civetta_attn_decode_pos_d* (below) does it alone.
 // civetta_attn_decode_d{64,128,256}: one query per head against all S keys (T = 1).
 //   4 waves split the keys (each loads 4 keys, 2 at D = 256, per step), each lane owns D/32
 //   dims; the waves merge in LDS.
@@ -399,9 +401,27 @@ CV_DEVICE PrefillTile prefill_tile(const float* q, cv_half* const* kv, float* ou
                    k_new ? k_new + t * Hkv * D : nullptr, v_new ? v_new + t * Hkv * D : nullptr);                \
   }
 
+// Batched decode rows of a mixed step (issue #14): the one-row sequences of a step that also
+// prefills (so their rows are not rows 0 .. T - 1 and their positions are not read from the
+// positions buffer). Grid row j is sequence s = dec[j] of the batch descriptor table (see
+// prefill_tile): its row seqs[4s] of q, out, k_new and v_new, S = seqs[4s + 2] + 1 keys; the new
+// row stored by the kernel, as civetta_attn_decode_pos_d* does for one sequence (the same bits).
+#define CIVETTA_ATTN_ROWS(D)                                                                                     \
+  CV_KERNEL CV_LAUNCH_BOUNDS(kThreads) void civetta_attn_decode_rows_d##D(                                       \
+      const float* q, cv_half* const* kv, float* out, const int* seqs, const int* dec, int Hq, int Hkv,         \
+      float scale, const float* sinks, const float* k_new, const float* v_new) {                                 \
+    const int s = dec[cv_bid_y()];                                                                               \
+    const long row = seqs[4 * s];                                                                                \
+    attn_decode<D>(q + row * Hq * D, kv[2 * s], kv[2 * s + 1], out + row * Hq * D, seqs[4 * s + 2] + 1, Hq, Hkv,  \
+                   scale, sinks, nullptr, nullptr, k_new + row * Hkv * D, v_new + row * Hkv * D);                \
+  }
+
 CIVETTA_ATTN(64)
 CIVETTA_ATTN(128)
 CIVETTA_ATTN(256) // Gemma 3
+CIVETTA_ATTN_ROWS(64)
+CIVETTA_ATTN_ROWS(128)
+CIVETTA_ATTN_ROWS(256)
 
 #define CIVETTA_ATTN_MMA(D)                                                                                      \
   CV_KERNEL CV_LAUNCH_BOUNDS(kMmaThreads) void civetta_attn_prefill_mma_d##D(                                    \

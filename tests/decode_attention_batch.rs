@@ -1,6 +1,6 @@
 //! The forward pass's side of batched attention (`Backend::decode_attention_batch`, issue #17,
-//! and `Backend::prefill_attention_batch`, issue #14; the GPU backends implement each with one
-//! KV-store and one attention launch per layer): a backend that takes a batched call must be
+//! and `Backend::attention_batch` for steps that prefill, issue #14; the GPU backends implement
+//! them with one to three launches per layer): a backend that takes a batched call must be
 //! handed, for every sequence of the batch, its own rows, caches and position. A wrapper around
 //! the CPU backend takes the batched calls and answers them with the per-sequence
 //! `kv_store_attention` calls; its logits must equal, bit for bit, those of the same wrapper
@@ -21,13 +21,13 @@ use std::sync::Arc;
 /// backend's per-sequence calls.
 struct Batching {
     take_batches: bool,
-    batched_calls: AtomicUsize,
-    prefill_calls: AtomicUsize,
+    decode_calls: AtomicUsize,
+    step_calls: AtomicUsize,
 }
 
 impl Batching {
     fn new(take_batches: bool) -> Self {
-        Batching { take_batches, batched_calls: AtomicUsize::new(0), prefill_calls: AtomicUsize::new(0) }
+        Batching { take_batches, decode_calls: AtomicUsize::new(0), step_calls: AtomicUsize::new(0) }
     }
 }
 
@@ -48,7 +48,7 @@ impl<B: Backend> Hooks<B> for Batching {
             return Ok(false);
         }
         assert_eq!(caches.len(), start_pos.len());
-        self.batched_calls.fetch_add(1, Ordering::Relaxed);
+        self.decode_calls.fetch_add(1, Ordering::Relaxed);
         let kv_dim = shape.n_head_kv * shape.head_dim;
         for (row, ((kc, vc), &start)) in caches.iter_mut().zip(start_pos).enumerate() {
             inner.kv_store(k, v, kc, vc, row, start, 1, kv_dim)?;
@@ -57,7 +57,7 @@ impl<B: Backend> Hooks<B> for Batching {
         }
         Ok(true)
     }
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         inner: &B,
         q: &B::Buffer,
@@ -72,8 +72,8 @@ impl<B: Backend> Hooks<B> for Batching {
             return Ok(false);
         }
         assert_eq!(caches.len(), shapes.len());
-        assert!(shapes.len() >= 2 && shapes.iter().all(|s| s.n_tokens >= 2), "{shapes:?}");
-        self.prefill_calls.fetch_add(1, Ordering::Relaxed);
+        assert!(shapes.len() >= 2, "{shapes:?}");
+        self.step_calls.fetch_add(1, Ordering::Relaxed);
         for ((kc, vc), &s) in caches.iter_mut().zip(shapes) {
             inner.kv_store_attention(q, k, v, kc, vc, s, sinks, out)?;
         }
@@ -113,17 +113,16 @@ fn batched_decode_attention_gets_each_sequence_its_own_row_cache_and_position() 
     let model = Model::load(file, batched.clone()).unwrap();
     let b = run(&model);
     assert_eq!(a, b, "batched decode attention changed the logits");
-    assert_eq!(per_seq.hooks.batched_calls.load(Ordering::Relaxed), 0);
+    assert_eq!(per_seq.hooks.decode_calls.load(Ordering::Relaxed), 0);
     // One decode call per layer and decode step, one prefill call per layer for the prompts.
-    assert_eq!(batched.hooks.batched_calls.load(Ordering::Relaxed), 5 * model.hp.n_layer);
-    assert_eq!(batched.hooks.prefill_calls.load(Ordering::Relaxed), model.hp.n_layer);
+    assert_eq!(batched.hooks.decode_calls.load(Ordering::Relaxed), 5 * model.hp.n_layer);
+    assert_eq!(batched.hooks.step_calls.load(Ordering::Relaxed), model.hp.n_layer);
 }
 
 /// Steps that mix prompt chunks with decode rows, as a serving step does: the first pass
 /// prefills two prompts (6 and 11 rows) and starts a third (4 of its 9 rows); the second gives
-/// the two their first decode row (per-sequence attention) and the third its last 5 rows, with
-/// a fourth sequence's 7-row prompt (batched: two sequences of several rows, the second from
-/// position 4); the third pass decodes all four (the batched decode call).
+/// the two their first decode row and the third its last 5 rows (from position 4), with a
+/// fourth sequence's 7-row prompt; the third pass decodes all four (the batched decode call).
 fn run_mixed<B: Backend>(model: &Model<B>) -> Vec<Vec<f32>> {
     let prompt = |n: u32| -> Vec<u32> { (0..n).map(|i| (i * 29 + n * 3) % 200 + 1).collect() };
     let (p0, p1, p2, p3) = (prompt(6), prompt(11), prompt(9), prompt(7));
@@ -166,9 +165,9 @@ fn batched_prefill_attention_gets_each_sequence_its_own_rows_caches_and_position
     let b = run_mixed(&model);
     assert_eq!(a.len(), 3 + 4 + 4, "one logits vector per sequence and pass");
     assert_eq!(a, b, "batched prefill attention changed the logits");
-    assert_eq!(per_seq.hooks.prefill_calls.load(Ordering::Relaxed), 0);
-    // The first two passes batch their prompt rows in every layer; the third is a decode batch.
+    assert_eq!(per_seq.hooks.step_calls.load(Ordering::Relaxed), 0);
+    // The first two passes are batched steps in every layer; the third is a decode batch.
     let layers = model.hp.n_layer;
-    assert_eq!(batched.hooks.prefill_calls.load(Ordering::Relaxed), 2 * layers);
-    assert_eq!(batched.hooks.batched_calls.load(Ordering::Relaxed), layers);
+    assert_eq!(batched.hooks.step_calls.load(Ordering::Relaxed), 2 * layers);
+    assert_eq!(batched.hooks.decode_calls.load(Ordering::Relaxed), layers);
 }

@@ -145,10 +145,10 @@ fn batched_mat_vecs_with_fewer_tiles_than_compute_units_take_the_16_wave_build()
     }
 }
 
-/// A pass that prefills several prompts stores their k and v rows in one launch and attends in
-/// one launch per layer (`engine.gpu.batched_attention`), instead of two launches per sequence
-/// and layer; a sequence with one row in the same pass keeps its decode kernel. With the option
-/// off, every sequence gets its own launches.
+/// A pass that prefills several prompts beside a decode row stores the prompts' k and v rows in
+/// one launch, attends for them in one and for the decode row in one per layer
+/// (`engine.gpu.batched_attention`), instead of two launches per sequence and layer. With the
+/// option off, every sequence gets its own launches.
 #[test]
 fn a_pass_of_several_prompts_attends_in_one_launch_per_layer() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,6 +169,7 @@ fn a_pass_of_several_prompts_attends_in_one_launch_per_layer() {
             [
                 "civetta_attn_prefill_batch_mma_d64",
                 "civetta_kv_store_prefill_batch_f16",
+                "civetta_attn_decode_rows_d64",
                 "civetta_attn_prefill_mma_d64",
                 "civetta_attn_decode_pos_d64",
             ]
@@ -187,9 +188,9 @@ fn a_pass_of_several_prompts_attends_in_one_launch_per_layer() {
         let after = lens(&api);
         let launched: Vec<usize> = after.iter().zip(before).map(|(a, b)| a - b).collect();
         if batched {
-            assert_eq!(launched, [layers, layers, 0, layers], "batched prefill, per-sequence decode");
+            assert_eq!(launched, [layers, layers, layers, 0, 0], "batched prefill and decode rows");
         } else {
-            assert_eq!(launched, [0, 0, 3 * layers, layers], "per-sequence prefill and decode");
+            assert_eq!(launched, [0, 0, 0, 3 * layers, layers], "per-sequence prefill and decode");
         }
     }
 }

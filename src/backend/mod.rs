@@ -362,14 +362,15 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (q, k, v, caches, start_pos, shape, out);
         Ok(false)
     }
-    /// Batched prefill (issue #14): `kv_store_attention` for several sequences of two or more
-    /// new rows each (prompts or prompt chunks of one step), in one go. Sequence i's rows of q,
-    /// k, v and out, its position, the heads and the layer's window are `shapes[i]`; its caches
-    /// `caches[i]` (contiguous, one per sequence); `sinks` as in `attention_with_sinks`. The
-    /// same numbers as the per-sequence calls. Returns Ok(false), having done nothing, where the
-    /// backend has no batched kernels; the caller then makes the per-sequence calls.
+    /// Batched attention of a step that is not all decode rows (issue #14): `kv_store_attention`
+    /// for every sequence of the step (prompts, prompt chunks and one-row sequences alike), in
+    /// one go. Sequence i's rows of q, k, v and out, its position, the heads and the layer's
+    /// window are `shapes[i]`; its caches `caches[i]` (contiguous, one per sequence); `sinks` as
+    /// in `attention_with_sinks`. The same numbers as the per-sequence calls. Returns Ok(false),
+    /// having done nothing, where the backend has no batched kernels for the step; the caller
+    /// then makes the per-sequence calls.
     #[allow(clippy::too_many_arguments)]
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         q: &Self::Buffer,
         k: &Self::Buffer,

@@ -556,14 +556,13 @@ impl<B: Backend> Model<B> {
             // Batched decode (one row per sequence): one store and one attention for all, where
             // the backend has them; else the ragged part below.
             let batched = a.sinks.is_none() && self.decode_attention_batch(seqs, li, q, k, v, att)?;
-            // Several prompts (or chunks) in one step: their stores and attention in one go where
-            // the backend has batched kernels; the sequences of one row then go on below.
-            let prefilled = !batched && self.prefill_attention_batch(seqs, &first_rows, li, q, k, v, a.sinks.as_deref(), att)?;
+            // Other steps of several sequences (prompts, chunks, decode rows): all their stores
+            // and attention in one go where the backend has batched kernels for them.
+            let batched = batched || self.attention_batch(seqs, &first_rows, li, q, k, v, a.sinks.as_deref(), att)?;
             // Ragged part: each sequence stores its rows and attends over its own cache; the
             // sequences of the pool attend in one call (one parallel region on the CPU).
             let mut paged: Vec<SeqAttention<'_>> = Vec::new();
-            let done = |s: &SeqRows<'_, B>| batched || (prefilled && s.tokens.len() > 1);
-            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|((s, _), _)| !done(s)) {
+            for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
                 let (start, len) = (s.cache.len, s.tokens.len());
                 let shape = AttentionShape {
                     n_tokens: len,
@@ -717,12 +716,11 @@ impl<B: Backend> Model<B> {
         Ok(self.backend.decode_attention_batch(q, k, v, &mut caches, &start_pos, shape, out)?)
     }
 
-    /// `Backend::prefill_attention_batch` for layer `li` over the sequences that bring two or
-    /// more rows (prompts or prompt chunks), when there are at least two and each keeps its own
-    /// contiguous cache (the GPU backends); false (nothing done) otherwise or where the backend
-    /// has no batched kernels. Sequences of one row are left to the per-sequence calls.
+    /// `Backend::attention_batch` for layer `li` over every sequence of a step of two or more,
+    /// when each keeps its own contiguous cache (the GPU backends); false (nothing done)
+    /// otherwise or where the backend has no batched kernels for the step.
     #[allow(clippy::too_many_arguments)]
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         seqs: &mut [SeqRows<'_, B>],
         first_rows: &[usize],
@@ -734,11 +732,11 @@ impl<B: Backend> Model<B> {
         out: &mut B::Buffer,
     ) -> anyhow::Result<bool> {
         let hp = &self.hp;
-        if seqs.iter().filter(|s| s.tokens.len() > 1).count() < 2 {
+        if seqs.len() < 2 {
             return Ok(false);
         }
         let (mut caches, mut shapes) = (Vec::new(), Vec::new());
-        for (s, &row) in seqs.iter_mut().zip(first_rows).filter(|(s, _)| s.tokens.len() > 1) {
+        for (s, &row) in seqs.iter_mut().zip(first_rows) {
             shapes.push(AttentionShape {
                 n_tokens: s.tokens.len(),
                 start_pos: s.cache.len,
@@ -753,7 +751,7 @@ impl<B: Backend> Model<B> {
                 KvStorage::Paged { .. } => return Ok(false),
             }
         }
-        Ok(self.backend.prefill_attention_batch(q, k, v, &mut caches, &shapes, sinks, out)?)
+        Ok(self.backend.attention_batch(q, k, v, &mut caches, &shapes, sinks, out)?)
     }
 }
 

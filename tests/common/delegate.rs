@@ -73,7 +73,7 @@ pub trait Hooks<B: Backend>: Send + Sync + Sized + 'static {
     ) -> Result<bool> {
         inner.decode_attention_batch(q, k, v, caches, start_pos, shape, out)
     }
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         inner: &B,
         q: &B::Buffer,
@@ -84,7 +84,7 @@ pub trait Hooks<B: Backend>: Send + Sync + Sized + 'static {
         sinks: Option<&[f32]>,
         out: &mut B::Buffer,
     ) -> Result<bool> {
-        inner.prefill_attention_batch(q, k, v, caches, shapes, sinks, out)
+        inner.attention_batch(q, k, v, caches, shapes, sinks, out)
     }
     fn expert_table(&self, inner: &B, gate: &[&WeightOf<B>], up: &[&WeightOf<B>], down: &[&WeightOf<B>]) -> Result<Option<Self::Table>> {
         Ok(inner.expert_table(gate, up, down)?.map(Self::Table::from_inner))
@@ -275,7 +275,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
     ) -> Result<bool> {
         self.hooks.decode_attention_batch(&self.inner, q, k, v, caches, start_pos, shape, out)
     }
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         q: &Self::Buffer,
         k: &Self::Buffer,
@@ -285,7 +285,7 @@ impl<B: Backend, H: Hooks<B>> Backend for Delegate<B, H> {
         sinks: Option<&[f32]>,
         out: &mut Self::Buffer,
     ) -> Result<bool> {
-        self.hooks.prefill_attention_batch(&self.inner, q, k, v, caches, shapes, sinks, out)
+        self.hooks.attention_batch(&self.inner, q, k, v, caches, shapes, sinks, out)
     }
     fn paged_kv(&self) -> bool {
         self.inner.paged_kv()

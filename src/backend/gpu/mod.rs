@@ -64,8 +64,9 @@ pub struct GpuOptions {
     /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
     /// sequence. On by default since its H200 run (2026-12-05, docs/GPU.md "Batched decode":
     /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster). Steps
-    /// that prefill several prompts (or chunks) do the same for those sequences
-    /// (`prefill_batch.rs`): two launches per layer instead of two per sequence, the same bits.
+    /// that prefill (prompts, chunks, with or without decode rows beside them) do the same
+    /// (`prefill_batch.rs`): up to three launches per layer instead of two per sequence, the
+    /// same bits.
     pub batched_attention: bool,
     /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
     /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (16, since
@@ -393,6 +394,9 @@ const KERNEL_FILES: &[(&str, &[(&str, u32)])] = &[
             ("attn_prefill_batch_d256", 256),
             ("attn_prefill_batch_mma_d64", 128),
             ("attn_prefill_batch_mma_d128", 128),
+            ("attn_decode_rows_d64", 128),
+            ("attn_decode_rows_d128", 128),
+            ("attn_decode_rows_d256", 128),
         ],
     ),
     ("gemma", &[("gelu_tanh_mul", 256), ("scale", 256)]),
@@ -2231,7 +2235,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         self.try_decode_attention_batch(q, k, v, caches, start_pos, shape, out)
     }
 
-    fn prefill_attention_batch(
+    fn attention_batch(
         &self,
         q: &Self::Buffer,
         k: &Self::Buffer,
@@ -2241,7 +2245,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
         sinks: Option<&[f32]>,
         out: &mut Self::Buffer,
     ) -> Result<bool> {
-        self.try_prefill_attention_batch(q, k, v, caches, shapes, sinks, out)
+        self.try_attention_batch(q, k, v, caches, shapes, sinks, out)
     }
 
     fn attention(

@@ -1,63 +1,74 @@
-//! Batched prefill attention (issue #14): a step that prefills several prompts (or prompt
-//! chunks) stores their new k and v rows in one launch and attends in one launch per layer,
-//! instead of two launches per sequence and layer. A serving step that starts 16 streams made
-//! 16 x 2 x 28 = 896 such launches, each a few microseconds of host and device time (docs/GPU.md,
-//! "Issues #14 / #17, session 20").
+//! Batched attention for steps that prefill (issue #14): a step that brings several sequences,
+//! some with prompt rows (prompts or prompt chunks) and some with one decode row, stores the
+//! prompt rows' k and v in one launch and attends for them in one launch per layer, and attends
+//! for the decode rows (storing their k and v) in one more, instead of two launches per sequence
+//! and layer. A serving step that starts 16 streams made 16 x 2 x 28 = 896 such launches, each a
+//! few microseconds of host and device time (docs/GPU.md, "Issues #14 / #17, session 20"); a
+//! step where a request arrives while 15 others decode made 32 per layer.
 //!
-//! The kernels (`kv_store_prefill_batch_f16` in kernels/kv_cache.hip, `attn_prefill_batch*` in
-//! kernels/attention.hip) find each sequence's caches in a table of pointers and their rows in
-//! a descriptor table (device_tables.rs), laid out as i32s:
+//! The kernels (`kv_store_prefill_batch_f16` in kernels/kv_cache.hip, `attn_prefill_batch*` and
+//! `attn_decode_rows_d*` in kernels/attention.hip) find each sequence's caches in a table of
+//! pointers and their rows in a descriptor table (device_tables.rs), laid out as i32s:
 //! - per sequence s, 4 values: its first row in q, k, v and out; its rows; its first position; 0;
-//! - per attention workgroup (query tile), 2 values: its sequence, its tile in that sequence;
-//! - per stored row, 2 values: its sequence, its row in that sequence.
+//! - per prefill attention workgroup (query tile), 2 values: its sequence, its tile in it;
+//! - per stored prompt row, 2 values: its sequence, its row in that sequence;
+//! - per one-row sequence, 1 value: the sequence.
 //!
-//! Every workgroup computes what the per-sequence launch's workgroup for the same tile does, and
-//! the store converts each value the same way, so the results are the per-sequence path's bits.
+//! Every workgroup computes what the per-sequence launch's workgroup for the same tile or head
+//! does (the prefill kernels' for prompt rows, `attn_decode_pos_d*` for decode rows), and the
+//! store converts each value the same way, so the results are the per-sequence path's bits.
 
 use super::api::DevicePtr;
 use super::Args;
 use super::{AttentionShape, GpuApi, GpuBackend, GpuBuffer};
 use crate::backend::Result;
 
-/// A batched prefill's descriptor table and where its parts start (in i32s).
+/// A batch's descriptor table and where its parts start (in i32s).
 struct Descriptors {
     values: Vec<i32>,
     tiles_at: usize,
     tiles: usize,
     rows_at: usize,
     rows: usize,
+    decode_at: usize,
+    decode: usize,
 }
 
-/// The descriptor table of `shapes` for an attention kernel taking `per_group` queries per
-/// workgroup. None where a value does not fit an i32.
+/// The descriptor table of `shapes` for a prefill attention kernel taking `per_group` queries
+/// per workgroup. None where a value does not fit an i32.
 fn descriptors(shapes: &[AttentionShape], per_group: usize) -> Option<Descriptors> {
     let i = |x: usize| i32::try_from(x).ok();
     let mut values = Vec::new();
     for s in shapes {
         values.extend([i(s.first_row)?, i(s.n_tokens)?, i(s.start_pos)?, 0]);
     }
+    let prompts = || shapes.iter().enumerate().filter(|(_, s)| s.n_tokens > 1);
     let tiles_at = values.len();
-    for (seq, s) in shapes.iter().enumerate() {
+    for (seq, s) in prompts() {
         for tile in 0..s.n_tokens.div_ceil(per_group) {
             values.extend([i(seq)?, i(tile)?]);
         }
     }
     let rows_at = values.len();
-    for (seq, s) in shapes.iter().enumerate() {
+    for (seq, s) in prompts() {
         for t in 0..s.n_tokens {
             values.extend([i(seq)?, i(t)?]);
         }
     }
-    let (tiles, rows) = ((rows_at - tiles_at) / 2, (values.len() - rows_at) / 2);
-    Some(Descriptors { values, tiles_at, tiles, rows_at, rows })
+    let decode_at = values.len();
+    for (seq, _) in shapes.iter().enumerate().filter(|(_, s)| s.n_tokens == 1) {
+        values.push(i(seq)?);
+    }
+    let (tiles, rows, decode) = ((rows_at - tiles_at) / 2, (decode_at - rows_at) / 2, values.len() - decode_at);
+    Some(Descriptors { values, tiles_at, tiles, rows_at, rows, decode_at, decode })
 }
 
 impl<A: GpuApi> GpuBackend<A> {
-    /// `Backend::prefill_attention_batch`: Ok(false) where it does not apply (`batched_attention`
-    /// off, fewer than two sequences, a sequence of one row, which the decode kernel serves,
-    /// shapes that differ in their heads or window, a head size without a kernel).
+    /// `Backend::attention_batch`: Ok(false) where it does not apply (`batched_attention` off,
+    /// fewer than two sequences, only decode rows, shapes that differ in their heads or window,
+    /// a windowed layer with a one-row sequence, a head size without a kernel).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn try_prefill_attention_batch(
+    pub(super) fn try_attention_batch(
         &self,
         q: &GpuBuffer,
         k: &GpuBuffer,
@@ -71,20 +82,27 @@ impl<A: GpuApi> GpuBackend<A> {
         let same_layer = |s: &AttentionShape| {
             (s.n_head, s.n_head_kv, s.head_dim, s.window) == (first.n_head, first.n_head_kv, first.head_dim, first.window)
         };
+        let decode_rows = shapes.iter().any(|s| s.n_tokens == 1);
         if !self.batched_attention
             || shapes.len() < 2
+            // All decode rows: decode_batch.rs's kernel, or the per-sequence one, whose launches
+            // read the positions on the device, so that the step's graph replays.
+            || shapes.iter().all(|s| s.n_tokens == 1)
             || caches.len() != shapes.len()
-            || shapes.iter().any(|s| s.n_tokens < 2 || !same_layer(s))
+            || shapes.iter().any(|s| s.n_tokens == 0 || !same_layer(s))
+            // A windowed decode row reads its window from the host (attention_dev): not batched.
+            || (decode_rows && first.window.is_some())
         {
             return Ok(false);
         }
-        // The kernel the per-sequence path would take (attention_dev), and its queries per workgroup.
-        let (attend, per_group) = match (first.head_dim, self.prefill_attention_mma) {
-            (64, true) => ("attn_prefill_batch_mma_d64", 64),
-            (128, true) => ("attn_prefill_batch_mma_d128", 64),
-            (64, false) => ("attn_prefill_batch_d64", 32),
-            (128, false) => ("attn_prefill_batch_d128", 32),
-            (256, _) => ("attn_prefill_batch_d256", 32),
+        // The kernels the per-sequence path would take (attention_dev), and the prefill
+        // kernel's queries per workgroup.
+        let (attend, per_group, decode) = match (first.head_dim, self.prefill_attention_mma) {
+            (64, true) => ("attn_prefill_batch_mma_d64", 64, "attn_decode_rows_d64"),
+            (128, true) => ("attn_prefill_batch_mma_d128", 64, "attn_decode_rows_d128"),
+            (64, false) => ("attn_prefill_batch_d64", 32, "attn_decode_rows_d64"),
+            (128, false) => ("attn_prefill_batch_d128", 32, "attn_decode_rows_d128"),
+            (256, _) => ("attn_prefill_batch_d256", 32, "attn_decode_rows_d256"),
             _ => return Ok(false),
         };
         let Some(d) = descriptors(shapes, per_group) else { return Ok(false) };
@@ -95,31 +113,52 @@ impl<A: GpuApi> GpuBackend<A> {
         let ptrs: Vec<DevicePtr> = caches.iter().flat_map(|(kc, vc)| [kc.mem.ptr, vc.mem.ptr]).collect();
         let kv = self.kv_table(&ptrs)?;
         let table = self.i32_table(&d.values)?;
-        let (tiles, rows) = (table + d.tiles_at as u64 * 4, table + d.rows_at as u64 * 4);
+        let at = |i: usize| table + i as u64 * 4;
         let kv_dim = first.n_head_kv * first.head_dim;
-        self.launch(
-            "kv_store_prefill_batch_f16",
-            d.rows,
-            [kv_dim.div_ceil(256), d.rows, 2],
-            Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(kv).ptr(table).ptr(rows).i32(kv_dim),
-        )?;
         let scale = 1.0 / (first.head_dim as f32).sqrt();
-        self.launch(
-            attend,
-            d.rows,
-            [d.tiles, first.n_head, 1],
-            Args::default()
-                .ptr(q.mem.ptr)
-                .ptr(kv)
-                .ptr(out.mem.ptr)
-                .ptr(table)
-                .ptr(tiles)
-                .i32(first.n_head)
-                .i32(first.n_head_kv)
-                .f32(scale)
-                .i32(first.window.unwrap_or(0))
-                .ptr(sinks),
-        )?;
+        if d.rows > 0 {
+            self.launch(
+                "kv_store_prefill_batch_f16",
+                d.rows,
+                [kv_dim.div_ceil(256), d.rows, 2],
+                Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(kv).ptr(table).ptr(at(d.rows_at)).i32(kv_dim),
+            )?;
+            self.launch(
+                attend,
+                d.rows,
+                [d.tiles, first.n_head, 1],
+                Args::default()
+                    .ptr(q.mem.ptr)
+                    .ptr(kv)
+                    .ptr(out.mem.ptr)
+                    .ptr(table)
+                    .ptr(at(d.tiles_at))
+                    .i32(first.n_head)
+                    .i32(first.n_head_kv)
+                    .f32(scale)
+                    .i32(first.window.unwrap_or(0))
+                    .ptr(sinks),
+            )?;
+        }
+        if d.decode > 0 {
+            self.launch(
+                decode,
+                d.decode,
+                [first.n_head, d.decode, 1],
+                Args::default()
+                    .ptr(q.mem.ptr)
+                    .ptr(kv)
+                    .ptr(out.mem.ptr)
+                    .ptr(table)
+                    .ptr(at(d.decode_at))
+                    .i32(first.n_head)
+                    .i32(first.n_head_kv)
+                    .f32(scale)
+                    .ptr(sinks)
+                    .ptr(k.mem.ptr)
+                    .ptr(v.mem.ptr),
+            )?;
+        }
         Ok(true)
     }
 }
@@ -133,17 +172,18 @@ mod tests {
     }
 
     #[test]
-    fn descriptors_list_each_sequence_its_tiles_and_its_rows() {
-        // Rows 0..70 are sequence 0 (a 70-row prompt from position 0), 70..73 sequence 1 (a
-        // 3-row chunk from position 100).
-        let d = descriptors(&[shape(0, 70, 0), shape(70, 3, 100)], 64).unwrap();
-        assert_eq!(&d.values[..8], &[0, 70, 0, 0, 70, 3, 100, 0]);
-        assert_eq!((d.tiles_at, d.tiles), (8, 3));
-        assert_eq!(&d.values[8..14], &[0, 0, 0, 1, 1, 0]);
-        assert_eq!((d.rows_at, d.rows), (14, 73));
-        assert_eq!(&d.values[14..16], &[0, 0]);
-        assert_eq!(&d.values[14 + 2 * 69..14 + 2 * 71], &[0, 69, 1, 0]);
-        assert_eq!(&d.values[d.values.len() - 2..], &[1, 2]);
+    fn descriptors_list_each_sequence_its_tiles_rows_and_decode_rows() {
+        // Rows 0..70 are sequence 0 (a 70-row prompt from position 0), row 70 sequence 1 (a
+        // decode row at position 40), 71..74 sequence 2 (a 3-row chunk from position 100).
+        let d = descriptors(&[shape(0, 70, 0), shape(70, 1, 40), shape(71, 3, 100)], 64).unwrap();
+        assert_eq!(&d.values[..12], &[0, 70, 0, 0, 70, 1, 40, 0, 71, 3, 100, 0]);
+        assert_eq!((d.tiles_at, d.tiles), (12, 3));
+        assert_eq!(&d.values[12..18], &[0, 0, 0, 1, 2, 0]);
+        assert_eq!((d.rows_at, d.rows), (18, 73));
+        assert_eq!(&d.values[18..20], &[0, 0]);
+        assert_eq!(&d.values[18 + 2 * 69..18 + 2 * 71], &[0, 69, 2, 0]);
+        assert_eq!((d.decode_at, d.decode), (18 + 2 * 73, 1));
+        assert_eq!(&d.values[d.decode_at..], &[1]);
     }
 
     #[test]
