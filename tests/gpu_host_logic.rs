@@ -147,17 +147,23 @@ fn batched_mat_vecs_with_fewer_tiles_than_compute_units_take_the_16_wave_build()
 
 /// A pass that prefills several prompts beside a decode row stores the prompts' k and v rows in
 /// one launch, attends for them in one and for the decode row in one per layer
-/// (`engine.gpu.batched_attention`), instead of two launches per sequence and layer. With the
-/// option off, every sequence gets its own launches.
+/// (`engine.gpu.batched_prefill_attention`), instead of two launches per sequence and layer.
+/// With that option or `engine.gpu.batched_attention` off, every sequence gets its own launches.
 #[test]
 fn a_pass_of_several_prompts_attends_in_one_launch_per_layer() {
     let dir = tempfile::tempdir().unwrap();
     let model = decode_test_model(dir.path());
     let file = Arc::new(civetta::gguf::GgufFile::open(&model).unwrap());
-    for batched in [true, false] {
+    for (decode_batches, prefill_batches) in [(true, true), (true, false), (false, true)] {
+        let batched = decode_batches && prefill_batches;
         let api = FakeGpu::default();
         let kernels = tempfile::tempdir().unwrap();
-        let opts = GpuOptions { batched_attention: batched, eager: true, ..fake_options(kernels.path()) };
+        let opts = GpuOptions {
+            batched_attention: decode_batches,
+            batched_prefill_attention: prefill_batches,
+            eager: true,
+            ..fake_options(kernels.path())
+        };
         let be = Arc::new(GpuBackend::new(api.clone(), &opts).unwrap());
         let m = civetta::model::Model::load(file.clone(), be.clone()).unwrap();
         let layers = m.hp.n_layer;

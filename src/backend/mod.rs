@@ -728,6 +728,7 @@ impl BackendArgs {
             kernel_dir: self.kernel_dir.clone().unwrap_or_default(),
             sched_barrier: self.sched_barrier,
             batched_attention: true,
+            batched_prefill_attention: true,
             matvec_max_rows: 0,
             gemm_tile: self.gpu_gemm_tile.clone().unwrap_or_default(),
             prefill_attention: self.gpu_prefill_attention.clone().unwrap_or_default(),

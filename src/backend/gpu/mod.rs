@@ -63,11 +63,13 @@ pub struct GpuOptions {
     /// Decode batches (one row per sequence) run the KV store and the attention of all
     /// sequences in one launch each per layer (`decode_batch.rs`) instead of two launches per
     /// sequence. On by default since its H200 run (2026-12-05, docs/GPU.md "Batched decode":
-    /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster). Steps
-    /// that prefill (prompts, chunks, with or without decode rows beside them) do the same
-    /// (`prefill_batch.rs`): up to three launches per layer instead of two per sequence, the
-    /// same bits.
+    /// batch vs alone within the parity tolerance on 5 models, 16 streams 2.7x faster).
     pub batched_attention: bool,
+    /// Steps of several sequences that prefill (prompts, chunks, with or without decode rows
+    /// beside them) store and attend for all of them in up to three launches per layer
+    /// (`prefill_batch.rs`) instead of two per sequence, with the same bits. Needs
+    /// `batched_attention`. For comparisons and as a way out.
+    pub batched_prefill_attention: bool,
     /// Decode batches of up to this many rows use the dp4a mat-vecs (the 8- and 16-row builds
     /// above 4 rows), larger ones the GEMM tiles; 0 means `DEFAULT_MATVEC_MAX_ROWS` (16, since
     /// the H100 run of 2026-12-05), at most `DP4A_MAX_ROWS` (32).
@@ -145,6 +147,7 @@ impl Default for GpuOptions {
             kernel_dir: PathBuf::new(),
             sched_barrier: false,
             batched_attention: true,
+            batched_prefill_attention: true,
             matvec_max_rows: 0,
             gemm_tile: String::new(),
             prefill_attention: String::new(),
@@ -731,6 +734,8 @@ pub struct GpuBackend<A: GpuApi> {
     fresh_q8: Mutex<Option<FreshQ8>>,
     /// `GpuOptions::batched_attention`.
     batched_attention: bool,
+    /// `GpuOptions::batched_prefill_attention` (and `batched_attention`).
+    batched_prefill_attention: bool,
     /// Most rows of a dp4a mat-vec (`GpuOptions::matvec_max_rows`, 1..=DP4A_MAX_ROWS).
     dp4a_max_rows: usize,
     /// `GpuOptions::matvec_mma`.
@@ -891,6 +896,7 @@ impl<A: GpuApi> GpuBackend<A> {
             moe: opts.moe,
             fresh_q8: Mutex::new(None),
             batched_attention: opts.batched_attention,
+            batched_prefill_attention: opts.batched_attention && opts.batched_prefill_attention,
             gemm_tile,
             prefill_attention_mma,
             dp4a_max_rows: if opts.matvec_max_rows == 0 { DEFAULT_MATVEC_MAX_ROWS } else { opts.matvec_max_rows.min(DP4A_MAX_ROWS) },
@@ -2380,6 +2386,7 @@ impl<A: GpuApi> Backend for GpuBackend<A> {
             "weights": self.weights_placement,
             "matvec": self.matvec_family.name(),
             "decode_attention": if self.batched_attention { "batched" } else { "per-sequence" },
+            "prefill_attention_batches": if self.batched_prefill_attention { "batched" } else { "per-sequence" },
             "matvec_max_rows": self.dp4a_max_rows,
             "matvec_mma": self.matvec_mma,
             // The compute units below which the 16-wave mat-vecs run (null: never).

@@ -64,7 +64,7 @@ fn descriptors(shapes: &[AttentionShape], per_group: usize) -> Option<Descriptor
 }
 
 impl<A: GpuApi> GpuBackend<A> {
-    /// `Backend::attention_batch`: Ok(false) where it does not apply (`batched_attention` off,
+    /// `Backend::attention_batch`: Ok(false) where it does not apply (`batched_prefill_attention` off,
     /// fewer than two sequences, only decode rows, shapes that differ in their heads or window,
     /// a windowed layer with a one-row sequence, a head size without a kernel).
     #[allow(clippy::too_many_arguments)]
@@ -83,7 +83,7 @@ impl<A: GpuApi> GpuBackend<A> {
             (s.n_head, s.n_head_kv, s.head_dim, s.window) == (first.n_head, first.n_head_kv, first.head_dim, first.window)
         };
         let decode_rows = shapes.iter().any(|s| s.n_tokens == 1);
-        if !self.batched_attention
+        if !self.batched_prefill_attention
             || shapes.len() < 2
             // All decode rows: decode_batch.rs's kernel, or the per-sequence one, whose launches
             // read the positions on the device, so that the step's graph replays.
