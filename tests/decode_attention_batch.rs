@@ -9,6 +9,7 @@
 
 mod common;
 
+use civetta::backend::cpu::CpuBackend;
 use civetta::backend::{AttentionShape, Backend};
 use civetta::gguf::{GgmlType, GgufFile};
 use civetta::model::{Logits, Model, SeqRows};
@@ -100,23 +101,30 @@ fn run<B: Backend>(model: &Model<B>) -> Vec<Vec<f32>> {
     all
 }
 
-#[test]
-fn batched_decode_attention_gets_each_sequence_its_own_row_cache_and_position() {
+/// `run` on an `arch` Q8_0 model through the wrapper declining the batched calls and through
+/// one taking them: asserts equal logits and that the first never was called; returns the
+/// second's (decode calls, step calls) and the model's layers.
+fn per_sequence_vs_batched(arch: &str, run: fn(&Model<Delegate<CpuBackend, Batching>>) -> Vec<Vec<f32>>) -> (usize, usize, usize) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("llama-q8_0.gguf");
-    synth_model(&SynthSpec::preset("llama", GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
+    let path = dir.path().join(format!("{arch}-q8_0.gguf"));
+    synth_model(&SynthSpec::preset(arch, GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let cpu = civetta::backend::create_cpu(1).unwrap();
-    let backend = |take_batches| Delegate::new(cpu.clone(), Batching::new(take_batches));
-    let (per_seq, batched) = (backend(false), backend(true));
+    let (per_seq, batched) = (Delegate::new(cpu.clone(), Batching::new(false)), Delegate::new(cpu, Batching::new(true)));
     let a = run(&Model::load(file.clone(), per_seq.clone()).unwrap());
     let model = Model::load(file, batched.clone()).unwrap();
-    let b = run(&model);
-    assert_eq!(a, b, "batched decode attention changed the logits");
-    assert_eq!(per_seq.hooks.decode_calls.load(Ordering::Relaxed), 0);
-    // One decode call per layer and decode step, one prefill call per layer for the prompts.
-    assert_eq!(batched.hooks.decode_calls.load(Ordering::Relaxed), 5 * model.hp.n_layer);
-    assert_eq!(batched.hooks.step_calls.load(Ordering::Relaxed), model.hp.n_layer);
+    assert_eq!(a, run(&model), "batched attention changed the logits");
+    let calls = |h: &Batching| (h.decode_calls.load(Ordering::Relaxed), h.step_calls.load(Ordering::Relaxed));
+    assert_eq!(calls(&per_seq.hooks), (0, 0));
+    let (decode, step) = calls(&batched.hooks);
+    (decode, step, model.hp.n_layer)
+}
+
+#[test]
+fn batched_decode_attention_gets_each_sequence_its_own_row_cache_and_position() {
+    let (decode, step, layers) = per_sequence_vs_batched("llama", run);
+    // One decode call per layer and decode step, one step call per layer for the prompts.
+    assert_eq!((decode, step), (5 * layers, layers));
 }
 
 /// Steps that mix prompt chunks with decode rows, as a serving step does: the first pass
@@ -154,20 +162,11 @@ fn run_mixed<B: Backend>(model: &Model<B>) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_prefill_attention_gets_each_sequence_its_own_rows_caches_and_position() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("qwen3-q8_0.gguf");
-    synth_model(&SynthSpec::preset("qwen3", GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let cpu = civetta::backend::create_cpu(1).unwrap();
-    let (per_seq, batched) = (Delegate::new(cpu.clone(), Batching::new(false)), Delegate::new(cpu, Batching::new(true)));
-    let a = run_mixed(&Model::load(file.clone(), per_seq.clone()).unwrap());
-    let model = Model::load(file, batched.clone()).unwrap();
-    let b = run_mixed(&model);
-    assert_eq!(a.len(), 3 + 4 + 4, "one logits vector per sequence and pass");
-    assert_eq!(a, b, "batched prefill attention changed the logits");
-    assert_eq!(per_seq.hooks.step_calls.load(Ordering::Relaxed), 0);
+    let (decode, step, layers) = per_sequence_vs_batched("qwen3", |m| {
+        let logits = run_mixed(m);
+        assert_eq!(logits.len(), 3 + 4 + 4, "one logits vector per sequence and pass");
+        logits
+    });
     // The first two passes are batched steps in every layer; the third is a decode batch.
-    let layers = model.hp.n_layer;
-    assert_eq!(batched.hooks.step_calls.load(Ordering::Relaxed), 2 * layers);
-    assert_eq!(batched.hooks.decode_calls.load(Ordering::Relaxed), layers);
+    assert_eq!((decode, step), (layers, 2 * layers));
 }
