@@ -101,10 +101,13 @@ fn run<B: Backend>(model: &Model<B>) -> Vec<Vec<f32>> {
     all
 }
 
+/// The CPU backend in the test's wrapper.
+type Wrapped = Delegate<CpuBackend, Batching>;
+
 /// `run` on an `arch` Q8_0 model through the wrapper declining the batched calls and through
 /// one taking them: asserts equal logits and that the first never was called; returns the
 /// second's (decode calls, step calls) and the model's layers.
-fn per_sequence_vs_batched(arch: &str, run: fn(&Model<Delegate<CpuBackend, Batching>>) -> Vec<Vec<f32>>) -> (usize, usize, usize) {
+fn per_sequence_vs_batched(arch: &str, run: fn(&Model<Wrapped>) -> Vec<Vec<f32>>) -> (usize, usize, usize) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("{arch}-q8_0.gguf"));
     synth_model(&SynthSpec::preset(arch, GgmlType::Q8_0, "small").unwrap(), &path).unwrap();
