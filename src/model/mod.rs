@@ -563,16 +563,8 @@ impl<B: Backend> Model<B> {
             // sequences of the pool attend in one call (one parallel region on the CPU).
             let mut paged: Vec<SeqAttention<'_>> = Vec::new();
             for ((s, &row), local_table) in seqs.iter_mut().zip(&first_rows).zip(&local_tables).filter(|_| !batched) {
-                let (start, len) = (s.cache.len, s.tokens.len());
-                let shape = AttentionShape {
-                    n_tokens: len,
-                    start_pos: start,
-                    first_row: row,
-                    n_head: hp.n_head,
-                    n_head_kv: hp.n_head_kv,
-                    head_dim: hp.head_dim,
-                    window: hp.layer_window(li),
-                };
+                let shape = self.seq_attention_shape(s, row, li);
+                let (start, len) = (shape.start_pos, shape.n_tokens);
                 let sinks = a.sinks.as_deref();
                 match &mut s.cache.storage {
                     KvStorage::Own { k: kc, v: vc } => be.kv_store_attention(q, k, v, &mut kc[li], &mut vc[li], shape, sinks, att)?,
@@ -697,13 +689,7 @@ impl<B: Backend> Model<B> {
             return Ok(false);
         }
         let start_pos: Vec<usize> = seqs.iter().map(|s| s.cache.len).collect();
-        let mut caches = Vec::with_capacity(seqs.len());
-        for s in seqs.iter_mut() {
-            match &mut s.cache.storage {
-                KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
-                KvStorage::Paged { .. } => return Ok(false),
-            }
-        }
+        let Some(mut caches) = own_caches(seqs, li) else { return Ok(false) };
         let shape = AttentionShape {
             n_tokens: 1,
             start_pos: 0,
@@ -731,28 +717,39 @@ impl<B: Backend> Model<B> {
         sinks: Option<&[f32]>,
         out: &mut B::Buffer,
     ) -> anyhow::Result<bool> {
-        let hp = &self.hp;
         if seqs.len() < 2 {
             return Ok(false);
         }
-        let (mut caches, mut shapes) = (Vec::new(), Vec::new());
-        for (s, &row) in seqs.iter_mut().zip(first_rows) {
-            shapes.push(AttentionShape {
-                n_tokens: s.tokens.len(),
-                start_pos: s.cache.len,
-                first_row: row,
-                n_head: hp.n_head,
-                n_head_kv: hp.n_head_kv,
-                head_dim: hp.head_dim,
-                window: hp.layer_window(li),
-            });
-            match &mut s.cache.storage {
-                KvStorage::Own { k: kc, v: vc } => caches.push((&mut kc[li], &mut vc[li])),
-                KvStorage::Paged { .. } => return Ok(false),
-            }
-        }
+        let shapes: Vec<AttentionShape> = seqs.iter().zip(first_rows).map(|(s, &row)| self.seq_attention_shape(s, row, li)).collect();
+        let Some(mut caches) = own_caches(seqs, li) else { return Ok(false) };
         Ok(self.backend.attention_batch(q, k, v, &mut caches, &shapes, sinks, out)?)
     }
+
+    /// The attention of sequence `s`'s rows (from batch row `row`) in layer `li`.
+    fn seq_attention_shape(&self, s: &SeqRows<'_, B>, row: usize, li: usize) -> AttentionShape {
+        let hp = &self.hp;
+        AttentionShape {
+            n_tokens: s.tokens.len(),
+            start_pos: s.cache.len,
+            first_row: row,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+            window: hp.layer_window(li),
+        }
+    }
+}
+
+/// Layer `li`'s caches of every sequence of `seqs`, for the batched attention calls; None where a
+/// sequence's cache is in the paged pool.
+#[allow(clippy::type_complexity)]
+fn own_caches<'a, B: Backend>(seqs: &'a mut [SeqRows<'_, B>], li: usize) -> Option<Vec<(&'a mut B::KvBuffer, &'a mut B::KvBuffer)>> {
+    seqs.iter_mut()
+        .map(|s| match &mut s.cache.storage {
+            KvStorage::Own { k, v } => Some((&mut k[li], &mut v[li])),
+            KvStorage::Paged { .. } => None,
+        })
+        .collect()
 }
 
 /// The local block table of a sequence on ring `ring` of a windowed pool, for a pass that

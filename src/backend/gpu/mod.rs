@@ -705,6 +705,15 @@ fn reads_positions(kernel: &str) -> bool {
         || kernel.starts_with("attn_decode_batch")
 }
 
+/// A head size's prefill attention kernels (`GpuBackend::prefill_kernels`): one sequence's
+/// (`attention_dev`) and the batched build of the same body (`prefill_batch.rs`), and the queries
+/// each workgroup takes.
+struct PrefillKernels {
+    solo: &'static str,
+    batch: &'static str,
+    queries_per_group: usize,
+}
+
 pub struct GpuBackend<A: GpuApi> {
     api: Arc<A>,
     kernels: HashMap<&'static str, Kernel>,
@@ -1521,6 +1530,21 @@ impl<A: GpuApi> GpuBackend<A> {
         Ok(())
     }
 
+    /// The prefill attention kernels for `head_dim` (kernels/attention.hip): on the matrix step
+    /// (64 queries per workgroup) for head sizes 64 and 128 unless `prefill_attention` is
+    /// "scalar", else the scalar kernel (32); None for a head size without kernels.
+    fn prefill_kernels(&self, head_dim: usize) -> Option<PrefillKernels> {
+        let (solo, batch, queries_per_group) = match (head_dim, self.prefill_attention_mma) {
+            (64, true) => ("attn_prefill_mma_d64", "attn_prefill_batch_mma_d64", 64),
+            (128, true) => ("attn_prefill_mma_d128", "attn_prefill_batch_mma_d128", 64),
+            (64, false) => ("attn_prefill_d64", "attn_prefill_batch_d64", 32),
+            (128, false) => ("attn_prefill_d128", "attn_prefill_batch_d128", 32),
+            (256, _) => ("attn_prefill_d256", "attn_prefill_batch_d256", 32),
+            _ => return None,
+        };
+        Some(PrefillKernels { solo, batch, queries_per_group })
+    }
+
     /// Attention of `s` over one sequence's contiguous caches (kernels/attention.hip), with
     /// per-head sinks at `sinks` (0: none). With `new_rows` = (k, v), the sequence's new rows are
     /// stored into the caches first (`Backend::kv_store_attention`): by the decode kernel itself
@@ -1541,17 +1565,11 @@ impl<A: GpuApi> GpuBackend<A> {
         // This sequence's rows of q and out (f32, n_head * head_dim wide).
         let row_off = (s.first_row * s.n_head * s.head_dim * 4) as u64;
         let (q, kc, vc, o) = (q.mem.ptr + row_off, k_cache.mem.ptr, v_cache.mem.ptr, out.mem.ptr + row_off);
-        let (decode, decode_pos, prefill) = match s.head_dim {
-            64 => ("attn_decode_d64", Some("attn_decode_pos_d64"), "attn_prefill_d64"),
-            128 => ("attn_decode_d128", Some("attn_decode_pos_d128"), "attn_prefill_d128"),
-            256 => ("attn_decode_d256", Some("attn_decode_pos_d256"), "attn_prefill_d256"),
+        let (decode, decode_pos) = match s.head_dim {
+            64 => ("attn_decode_d64", Some("attn_decode_pos_d64")),
+            128 => ("attn_decode_d128", Some("attn_decode_pos_d128")),
+            256 => ("attn_decode_d256", Some("attn_decode_pos_d256")),
             d => return Err(Error::unsupported(self.be(), format!("attention of head_dim {d}"))),
-        };
-        // Prefill on the matrix step: 64 queries per workgroup (kernels/attention.hip).
-        let prefill_mma = match s.head_dim {
-            64 if self.prefill_attention_mma => Some("attn_prefill_mma_d64"),
-            128 if self.prefill_attention_mma => Some("attn_prefill_mma_d128"),
-            _ => None,
         };
         // Decode without a window reads keys = pos + 1 on the device, so the launch (and a
         // captured decode graph) is the same at every step. A windowed layer's key range
@@ -1617,7 +1635,10 @@ impl<A: GpuApi> GpuBackend<A> {
                     .ptr(sinks),
             )
         } else {
-            let (prefill, queries_per_group) = prefill_mma.map_or((prefill, 32), |k| (k, 64));
+            let p = self
+                .prefill_kernels(s.head_dim)
+                .ok_or_else(|| Error::unsupported(self.be(), format!("prefill attention of head_dim {}", s.head_dim)))?;
+            let (prefill, queries_per_group) = (p.solo, p.queries_per_group);
             self.launch(
                 prefill,
                 s.n_tokens,

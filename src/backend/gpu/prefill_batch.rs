@@ -95,17 +95,15 @@ impl<A: GpuApi> GpuBackend<A> {
         {
             return Ok(false);
         }
-        // The kernels the per-sequence path would take (attention_dev), and the prefill
-        // kernel's queries per workgroup.
-        let (attend, per_group, decode) = match (first.head_dim, self.prefill_attention_mma) {
-            (64, true) => ("attn_prefill_batch_mma_d64", 64, "attn_decode_rows_d64"),
-            (128, true) => ("attn_prefill_batch_mma_d128", 64, "attn_decode_rows_d128"),
-            (64, false) => ("attn_prefill_batch_d64", 32, "attn_decode_rows_d64"),
-            (128, false) => ("attn_prefill_batch_d128", 32, "attn_decode_rows_d128"),
-            (256, _) => ("attn_prefill_batch_d256", 32, "attn_decode_rows_d256"),
+        // The batched builds of the kernels the per-sequence path would take (attention_dev).
+        let Some(prefill) = self.prefill_kernels(first.head_dim) else { return Ok(false) };
+        let decode = match first.head_dim {
+            64 => "attn_decode_rows_d64",
+            128 => "attn_decode_rows_d128",
+            256 => "attn_decode_rows_d256",
             _ => return Ok(false),
         };
-        let Some(d) = descriptors(shapes, per_group) else { return Ok(false) };
+        let Some(d) = descriptors(shapes, prefill.queries_per_group) else { return Ok(false) };
         let sinks = match sinks {
             Some(s) => self.sinks_on_device(s, first)?,
             None => 0,
@@ -124,7 +122,7 @@ impl<A: GpuApi> GpuBackend<A> {
                 Args::default().ptr(k.mem.ptr).ptr(v.mem.ptr).ptr(kv).ptr(table).ptr(at(d.rows_at)).i32(kv_dim),
             )?;
             self.launch(
-                attend,
+                prefill.batch,
                 d.rows,
                 [d.tiles, first.n_head, 1],
                 Args::default()
