@@ -6,6 +6,7 @@
 # usage: scripts/serving-ab.sh BEFORE_BIN AFTER_BIN [ROUNDS]   env: OUT (build/serving-ab),
 #        SERVER_CPUS (0,1), CLIENT_CPUS (4-7), LEVELS (1,2,4,8,16), REQUESTS (16), TOKENS (64),
 #        MIXED (0 = off; N: also #14's mixed scenario, a N-token prompt while 4 streams decode),
+#        MIXED_CONTROL (non-empty: the mixed scenario also runs its streams alone, `--mixed-control`),
 #        SERVER_ENV (extra VAR=value settings of both servers, e.g. CIVETTA_ENGINE__MAX_DECODE_SLOWDOWN=3.0)
 set -euo pipefail
 before=$1 after=$2 rounds=${3:-2}
@@ -32,7 +33,7 @@ run() { # NAME BIN ROUND
     -n "$TOKENS" -q -o json > "$OUT/$name-$round.json"
   if (( MIXED > 0 )); then
     taskset -c "$CLIENT_CPUS" "$after" bench --remote 127.0.0.1:$port --concurrency '' --mixed "$MIXED" \
-      --mixed-stream-tokens 2048 -q -o json > "$OUT/$name-mixed-$round.json"
+      --mixed-stream-tokens 2048 ${MIXED_CONTROL:+--mixed-control} -q -o json > "$OUT/$name-mixed-$round.json"
   fi
   kill $pid; wait $pid 2>/dev/null || true
   echo "$name round $round done"
@@ -63,10 +64,13 @@ import glob, os
 mixed = {n: [m for f in sorted(glob.glob(f"{out}/{n}-mixed-*.json")) for m in json.load(open(f)).get("mixed", [])] for n in ("before", "after")}
 if mixed["before"] or mixed["after"]:
     print()
-    print("| server | long prompt tokens | long TTFT ms | idle ITL p99 ms | during ITL p50 ms | during ITL p99 ms | p99 during/idle |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| server | long prompt tokens | long TTFT ms | idle ITL p99 ms | during ITL p50 ms | during ITL p99 ms | p99 during/idle | control ITL p99 ms | p99 during/control |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, ms_ in mixed.items():
         for m in ms_:
             ratio = f"{m['p99_ratio']:.2f}x" if m.get("p99_ratio") else "-"
-            print(f"| {n} | {m['long_prompt_tokens']} | {1e3*m['long_ttft_s']:.0f} | {1e3*m['idle']['p99_s']:.1f} | {1e3*m['during']['p50_s']:.1f} | {1e3*m['during']['p99_s']:.1f} | {ratio} |")
+            c = m.get("control")
+            control = f"{1e3*c['p99_s']:.1f}" if c else "-"
+            vs_control = f"{m['p99_ratio_control']:.2f}x" if m.get("p99_ratio_control") else "-"
+            print(f"| {n} | {m['long_prompt_tokens']} | {1e3*m['long_ttft_s']:.0f} | {1e3*m['idle']['p99_s']:.1f} | {1e3*m['during']['p50_s']:.1f} | {1e3*m['during']['p99_s']:.1f} | {ratio} | {control} | {vs_control} |")
 PY

@@ -47,6 +47,7 @@ fn grpc_and_http_report_the_same_token_counts_and_the_mixed_scenario() {
         "400",
         "--mixed-idle-tokens",
         "4",
+        "--mixed-control",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: BenchReport = serde_json::from_slice(&out.stdout).unwrap();
@@ -80,6 +81,11 @@ fn grpc_and_http_report_the_same_token_counts_and_the_mixed_scenario() {
         assert!(m.idle.samples >= 4, "{m:?}");
         assert!(m.during.samples >= 4, "{m:?}");
         assert!(m.long_ttft_s > 0.0 && m.p99_ratio.is_some_and(|r| r > 0.0), "{m:?}");
+        // The control ran the streams alone through every position that fell inside the
+        // prefill: at least as many samples as `during` (which has only some positions of each).
+        let control = m.control.as_ref().expect("--mixed-control ran the control");
+        assert!(control.samples >= m.during.samples && control.p99_s > 0.0, "{m:?}");
+        assert!(m.p99_ratio_control.is_some_and(|r| r > 0.0), "{m:?}");
     }
     let md = common::civetta()
         .args(["bench", "-q", "-n", "4", "--remote-http", &d.http, "--auth-token-file", token, "--concurrency", "1", "--requests", "1"])

@@ -88,6 +88,11 @@ pub struct BenchArgs {
     /// Tokens each stream decodes (all together) before the long prompt is sent.
     #[arg(long, default_value_t = 32)]
     pub mixed_idle_tokens: usize,
+    /// Then run the mixed scenario's streams once more without the long prompt, to as many
+    /// tokens, and report their gaps at the positions that fell inside its prefill (`control`):
+    /// the streams' own gaps grow with their KV while it prefills.
+    #[arg(long)]
+    pub mixed_control: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -140,6 +145,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
                 streams: args.mixed_streams.max(1),
                 stream_tokens: args.mixed_stream_tokens.max(1),
                 idle_tokens: args.mixed_idle_tokens,
+                control: args.mixed_control,
             }),
         };
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -189,6 +189,13 @@ pub struct MixedResult {
     pub during: LatencySummary,
     /// during p99 / idle p99 (#14's target: <= 3); absent without samples on either side.
     pub p99_ratio: Option<f64>,
+    /// `--mixed-control`: the same streams run alone, their samples at the token positions that
+    /// fell inside the prefill (what their gaps were without the long prompt).
+    #[serde(default)]
+    pub control: Option<LatencySummary>,
+    /// during p99 / control p99: the slowdown the long prompt itself caused.
+    #[serde(default)]
+    pub p99_ratio_control: Option<f64>,
     /// False when a stream ended before the long prompt's first token (then `during` misses it).
     pub streams_outlasted_prefill: bool,
     pub errors: usize,
@@ -332,6 +339,18 @@ impl BenchReport {
                     ms(m.during.p99_s),
                     m.p99_ratio.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "n/a".into()),
                     m.errors,
+                );
+            }
+            for m in self.mixed.iter().filter(|m| m.control.is_some()) {
+                let c = m.control.as_ref().expect("filtered");
+                s += &format!(
+                    "\ncontrol ({}): the same streams alone, at the positions inside the prefill: n {}, p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms; p99 during/control {}\n",
+                    m.protocol,
+                    c.samples,
+                    c.p50_s * 1e3,
+                    c.p95_s * 1e3,
+                    c.p99_s * 1e3,
+                    m.p99_ratio_control.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "n/a".into()),
                 );
             }
             for m in self.mixed.iter().filter(|m| !m.streams_outlasted_prefill) {

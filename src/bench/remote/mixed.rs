@@ -2,6 +2,13 @@
 //! one long prompt arrives; the streams' inter-token latency while it prefills is compared with
 //! theirs before it arrived. A server that prefills the long prompt in one piece stalls the
 //! streams for the whole prefill; chunked prefill keeps their gaps near one step.
+//!
+//! The streams' own gaps also grow while the long prompt prefills, without it: every token
+//! they add lengthens the KV their next token attends to (on a CPU, a 135M model's row at
+//! position 2000 costs about 3x one at position 10). So with `control` the same streams run
+//! once more alone, to as many tokens, and the gaps at the token positions that fell inside
+//! the prefill are summarised as `control`: during / control is the slowdown the long prompt
+//! caused, during / idle the one the streams saw.
 
 use super::stream::{StreamControl, StreamRecord, StreamRequest};
 use super::Target;
@@ -19,6 +26,8 @@ pub struct MixedPlan {
     pub stream_tokens: usize,
     /// Tokens every stream delivers, all decoding together, before the long prompt is sent.
     pub idle_tokens: usize,
+    /// Then run the streams again without the long prompt (the control, see the module docs).
+    pub control: bool,
 }
 
 /// Words the long prompt is made of (its length is calibrated in tokens, so the tokenizer
@@ -81,17 +90,29 @@ async fn long_prompt(target: &Target, tokens: usize) -> anyhow::Result<String> {
     Ok(filler(nonce(), words))
 }
 
+/// Starts `n` streams of `max_tokens` each; their controls can stop them through `stop`.
+fn start_streams(
+    target: &Target,
+    n: usize,
+    prompt: &str,
+    max_tokens: usize,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> (Vec<StreamControl>, Vec<tokio::task::JoinHandle<StreamRecord>>) {
+    let mut controls = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        let ctl = StreamControl::stoppable(stop.clone());
+        controls.push(ctl.clone());
+        let (t, req) = (target.clone(), StreamRequest { prompt: prompt.to_string(), max_tokens });
+        handles.push(tokio::spawn(async move { t.stream(&req, ctl).await }));
+    }
+    (controls, handles)
+}
+
 pub async fn run(target: &Target, plan: &MixedPlan, stream_prompt: &str) -> anyhow::Result<MixedResult> {
     let long = long_prompt(target, plan.prompt_tokens).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut controls = Vec::new();
-    let mut handles = Vec::new();
-    for _ in 0..plan.streams {
-        let ctl = StreamControl::stoppable(stop_rx.clone());
-        controls.push(ctl.clone());
-        let (t, req) = (target.clone(), StreamRequest { prompt: stream_prompt.to_string(), max_tokens: plan.stream_tokens });
-        handles.push(tokio::spawn(async move { t.stream(&req, ctl).await }));
-    }
+    let (controls, handles) = start_streams(target, plan.streams, stream_prompt, plan.stream_tokens, &stop_rx);
     // Idle phase: every stream decoding, for idle_tokens each.
     let want = plan.idle_tokens.min(plan.stream_tokens);
     while controls.iter().any(|c| c.delivered() < want) {
@@ -109,7 +130,40 @@ pub async fn run(target: &Target, plan: &MixedPlan, stream_prompt: &str) -> anyh
     for h in handles {
         streams.push(h.await?);
     }
-    Ok(summarise(plan.streams, &streams, &long_record))
+    let mut result = summarise(plan.streams, &streams, &long_record);
+    if plan.control {
+        if let Some(positions) = during_positions(&streams, &long_record) {
+            // The same streams alone, to the last position that fell inside the prefill.
+            let (_, never) = tokio::sync::watch::channel(false);
+            let (_, handles) = start_streams(target, plan.streams, stream_prompt, positions.end + 1, &never);
+            let mut alone = Vec::new();
+            for h in handles {
+                alone.push(h.await?);
+            }
+            result.errors += alone.iter().filter(|r| r.error.is_some()).count();
+            let control = LatencySummary::of(alone.iter().flat_map(|r| samples_at(r, positions.clone())).collect());
+            result.p99_ratio_control =
+                (control.samples > 0 && control.p99_s > 0.0 && result.during.samples > 0).then(|| result.during.p99_s / control.p99_s);
+            result.control = Some(control);
+        }
+    }
+    Ok(result)
+}
+
+/// The positions (indices into `itl_samples`) of the streams' samples that fell inside the
+/// long prompt's prefill, from the first to the last over all streams.
+fn during_positions(streams: &[StreamRecord], long: &StreamRecord) -> Option<std::ops::Range<usize>> {
+    let first = long.first_token_at()?;
+    let inside = streams
+        .iter()
+        .flat_map(|r| r.itl_samples().into_iter().enumerate().filter(|(_, (at, _))| *at > long.sent && *at <= first).map(|(i, _)| i));
+    let (lo, hi) = inside.fold((usize::MAX, 0), |(lo, hi), i| (lo.min(i), hi.max(i)));
+    (lo <= hi).then_some(lo..hi + 1)
+}
+
+/// A stream's inter-token samples at `positions` (those it has).
+fn samples_at(r: &StreamRecord, positions: std::ops::Range<usize>) -> Vec<f64> {
+    r.itl_samples().into_iter().skip(positions.start).take(positions.len()).map(|(_, itl)| itl).collect()
 }
 
 /// Sorts the streams' samples into idle (after every stream had its first token, before the long
@@ -141,6 +195,8 @@ pub fn summarise(n_streams: usize, streams: &[StreamRecord], long: &StreamRecord
         idle,
         during,
         p99_ratio,
+        control: None,
+        p99_ratio_control: None,
         streams_outlasted_prefill: outlasted,
         errors,
     }
@@ -184,5 +240,30 @@ mod tests {
         short.cancelled = false;
         short.deliveries.retain(|d| d.at < ms(200));
         assert!(!summarise(2, &[short, stream(30)], &long).streams_outlasted_prefill);
+    }
+
+    #[test]
+    fn the_control_takes_the_positions_that_fell_inside_the_prefill() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let record = |ats: &[u64]| {
+            let mut r = StreamRecord::new(t0);
+            r.deliveries.extend(ats.iter().map(|&at| Delivery { at: ms(at), tokens: 1 }));
+            r
+        };
+        // Samples (gaps) end at 20, 30, 40, 90, 140, 150: indices 0..=5. The prefill runs from 35
+        // to 140: the first stream's samples 2 (40), 3 (90) and 4 (140) fall inside it, the second's
+        // (two tokens behind) 0 (40) to 2 (140): positions 0 to 4.
+        let streams = [record(&[10, 20, 30, 40, 90, 140, 150]), record(&[30, 40, 90, 140, 150])];
+        let mut long = StreamRecord::new(ms(35));
+        long.deliveries.push(Delivery { at: ms(140), tokens: 1 });
+        assert_eq!(during_positions(&streams, &long), Some(0..5));
+        // The control's samples at those positions, whatever their times.
+        let alone = record(&[0, 1, 3, 6, 10, 15, 21]);
+        let gaps: Vec<f64> = samples_at(&alone, 1..5).iter().map(|g| (g * 1e3).round()).collect();
+        assert_eq!(gaps, [2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(samples_at(&alone, 4..9).len(), 2, "only the samples the stream has");
+        // No sample inside (the long prompt never answered): no control.
+        assert_eq!(during_positions(&streams, &StreamRecord::new(ms(35))), None);
     }
 }
