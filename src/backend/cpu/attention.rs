@@ -2,15 +2,31 @@
 //! each token and GQA group as one work item on the pool. The kernels (f16 conversion, the
 //! step-by-step row and the fused group kernels) are `quant::simd::attention`.
 
-use super::{CpuBackend, CpuBuffer, CpuKvBuffer};
+use super::{CpuBackend, CpuBuffer, CpuKvBuffer, SendPtr};
 use crate::backend::{AttentionShape, KvBlocks, SeqAttention};
 use crate::quant::simd::attention as kernels;
 use std::cell::RefCell;
 
+/// One thread's attention scratch: a head's q in f16, its accumulator, the group kernel's
+/// buffers, the rows of a multi-row item. Nothing is carried from one work item to the next
+/// (each overwrites what it reads).
+type Scratch = (Vec<u16>, Vec<f32>, kernels::GroupScratch, Vec<f32>);
+
 thread_local! {
-    /// One thread's attention scratch: a head's q in f16, its accumulator, the group kernel's
-    /// buffers. Nothing is carried from one work item to the next (each overwrites what it reads).
-    static SCRATCH: RefCell<(Vec<u16>, Vec<f32>, kernels::GroupScratch)> = RefCell::new(Default::default());
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Default::default());
+}
+
+/// Most query rows of one sequence in one work item (`kernels::attend_group_rows`): each block
+/// of K/V rows is widened from f16 once for all of them.
+const MAX_ROWS_PER_ITEM: usize = 16;
+
+/// Query rows of one sequence that one work item attends for: `n` rows from the sequence's
+/// row `t0`.
+#[derive(Clone, Copy)]
+struct RowSpan {
+    seq: usize,
+    t0: usize,
+    n: usize,
 }
 
 impl CpuBackend {
@@ -101,16 +117,11 @@ impl CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let q_dim = s0.n_head * hd;
         let q_group = group * hd;
-        // The rows the sequences cover (a batch's rows are its sequences' rows, in order) and,
-        // per row of that range, the sequence it belongs to.
-        let row0 = seqs.iter().map(|a| a.shape.first_row).min().unwrap_or(0);
-        let row1 = seqs.iter().map(|a| a.shape.first_row + a.shape.n_tokens).max().unwrap_or(0);
-        let mut row_seq = vec![u32::MAX; row1 - row0];
-        for (i, a) in seqs.iter().enumerate() {
-            let rows = a.shape.first_row - row0..a.shape.first_row + a.shape.n_tokens - row0;
-            assert!(row_seq[rows.clone()].iter().all(|&r| r == u32::MAX), "attention: two sequences share a row");
-            row_seq[rows].fill(i as u32);
-        }
+        // The sequences' rows of q and out must not overlap: items write their rows' outputs
+        // through one pointer (below).
+        let mut ranges: Vec<_> = seqs.iter().map(|a| (a.shape.first_row, a.shape.first_row + a.shape.n_tokens)).collect();
+        ranges.sort_unstable();
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "attention: two sequences share a row");
         let n_tokens: usize = seqs.iter().map(|a| a.shape.n_tokens).sum();
         // An item is one GQA group of one row, or one query head where the groups would leave
         // threads idle (a 16-thread decode of a model with 3 KV heads: 3 items, each the work
@@ -119,33 +130,68 @@ impl CpuBackend {
         let heads_per_item = if n_tokens * s0.n_head_kv < self.threads { 1 } else { group };
         let items_per_group = group / heads_per_item;
         let item_len = heads_per_item * hd;
+        // A prompt chunk's rows (no window: all of them read the cache from position 0) go up
+        // to MAX_ROWS_PER_ITEM to an item, as long as there are about four items per thread:
+        // its K/V rows are then read and widened once for those rows. Each row still gets the
+        // one-row item's bits.
+        let per_row_items = n_tokens * s0.n_head_kv * items_per_group;
+        let rows_per_item = (per_row_items / (4 * self.threads)).clamp(1, MAX_ROWS_PER_ITEM);
+        let mut spans = Vec::with_capacity(n_tokens);
+        for (i, a) in seqs.iter().enumerate() {
+            let span = if a.shape.window.is_none() { rows_per_item } else { 1 };
+            for t0 in (0..a.shape.n_tokens).step_by(span) {
+                spans.push(RowSpan { seq: i, t0, n: span.min(a.shape.n_tokens - t0) });
+            }
+        }
+        let per_span = s0.n_head_kv * items_per_group;
+        let out = SendPtr(o.as_mut_ptr());
+        let o_len = o.len();
         self.timed("attention", n_tokens, || {
-            let (q, o) = (&q[row0 * q_dim..row1 * q_dim], &mut o[row0 * q_dim..row1 * q_dim]);
-            self.pool.for_each_chunk_mut(o, item_len, |idx, out_g| {
+            self.pool.for_each(spans.len() * per_span, |idx| {
                 // Scratch per thread, kept between calls (either pool's threads live as long
                 // as the backend).
-                SCRATCH.with_borrow_mut(|(q16, acc, scratch)| {
+                SCRATCH.with_borrow_mut(|(q16, acc, scratch, rows_out)| {
                     q16.resize(hd, 0);
                     acc.resize(hd, 0.0);
-                    let (row, g, part) = {
-                        let per_row = s0.n_head_kv * items_per_group;
-                        (idx / per_row, idx % per_row / items_per_group, idx % items_per_group)
-                    };
-                    let Some(a) = seqs.get(row_seq[row] as usize) else { return };
-                    let t = row + row0 - a.shape.first_row;
-                    let q0 = row * q_dim + g * q_group + part * item_len;
-                    let qg = &q[q0..q0 + item_len];
-                    let end = a.shape.start_pos + t + 1;
-                    // A sliding-window layer sees only the last `window` positions.
-                    let first = a.shape.window.map_or(0, |w| end.saturating_sub(w));
-                    let rows = kernels::KvRows { blocks: a.blocks, first, count: end - first, stride: kv_dim };
+                    let span = spans[idx / per_span];
+                    let (g, part) = (idx % per_span / items_per_group, idx % items_per_group);
+                    let a = &seqs[span.seq];
                     let (k, v) = (&kc[g * hd..], &vc[g * hd..]);
                     let head0 = g * group + part * heads_per_item;
                     let sinks = sinks.map(|s| &s[head0..head0 + heads_per_item]);
-                    if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
-                        for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
-                            let sink = sinks.map(|s| s[h]);
-                            kernels::attend_row_sink(qh, k, v, rows, scale, sink, q16, acc, out_h);
+                    // Where row t of the sequence's query and output heads of this item start.
+                    let at = |t: usize| (a.shape.first_row + t) * q_dim + g * q_group + part * item_len;
+                    // SAFETY: rows of distinct spans, and the groups and parts of one row, are
+                    // disjoint item_len ranges of `o` (spans cover each row once, a row's
+                    // groups x parts tile its q_dim), so no two items write the same element.
+                    let out_row = |t: usize| {
+                        assert!(at(t) + item_len <= o_len);
+                        unsafe { std::slice::from_raw_parts_mut(out.at(at(t)), item_len) }
+                    };
+                    let end = |t: usize| a.shape.start_pos + t + 1;
+                    if span.n > 1 {
+                        let rows = kernels::KvRows { blocks: a.blocks, first: 0, count: end(span.t0 + span.n - 1), stride: kv_dim };
+                        rows_out.resize(span.n * item_len, 0.0);
+                        let q_rows = &q[at(span.t0)..];
+                        if kernels::attend_group_rows(q_rows, q_dim, span.n, hd, k, v, rows, end(span.t0), scale, sinks, rows_out, scratch)
+                        {
+                            for (r, row) in rows_out.chunks(item_len).enumerate() {
+                                out_row(span.t0 + r).copy_from_slice(row);
+                            }
+                            return;
+                        }
+                    }
+                    for t in span.t0..span.t0 + span.n {
+                        let qg = &q[at(t)..at(t) + item_len];
+                        let out_g = out_row(t);
+                        // A sliding-window layer sees only the last `window` positions.
+                        let first = a.shape.window.map_or(0, |w| end(t).saturating_sub(w));
+                        let rows = kernels::KvRows { blocks: a.blocks, first, count: end(t) - first, stride: kv_dim };
+                        if !kernels::attend_group(qg, hd, k, v, rows, scale, sinks, out_g, scratch) {
+                            for (h, (qh, out_h)) in qg.chunks(hd).zip(out_g.chunks_mut(hd)).enumerate() {
+                                let sink = sinks.map(|s| s[h]);
+                                kernels::attend_row_sink(qh, k, v, rows, scale, sink, q16, acc, out_h);
+                            }
                         }
                     }
                 })

@@ -2,23 +2,9 @@
 //! quantised dot products (`crate::quant`, tiles of one weight row x up to four activation
 //! rows where the type has them) over work items of weight rows x tokens on the pool.
 
-use super::{CpuBackend, CpuBuffer, CpuWeight};
+use super::{CpuBackend, CpuBuffer, CpuWeight, SendPtr};
 use crate::gguf::GgmlType;
 use crate::quant;
-
-/// Raw pointer for disjoint parallel writes into one output slice.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// A method (not field access) so closures capture the whole Send wrapper.
-    fn at(self, i: usize) -> *mut f32 {
-        // SAFETY: callers stay inside the slice the pointer came from.
-        unsafe { self.0.add(i) }
-    }
-}
 
 fn matmul_kernel_name(t: GgmlType) -> &'static str {
     match t {

@@ -37,6 +37,20 @@ pub type CpuKvBuffer = Vec<u16>;
 /// A weight of the CPU backend (borrowed from the file's mmap).
 pub type CpuWeight = Weight<MappedWeight>;
 
+/// Raw pointer for disjoint parallel writes into one output slice.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// A method (not field access) so closures capture the whole Send wrapper.
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the slice the pointer came from.
+        unsafe { self.0.add(i) }
+    }
+}
+
 pub struct CpuBackend {
     pool: pool::CpuPool,
     threads: usize,

@@ -205,15 +205,21 @@ const GROUP_BLOCK: usize = 32;
 /// The online-softmax steps of `attend_row_sink` for a block of scores, continuing the
 /// running max m and sum: per row, whether it is a new maximum (the accumulator is then
 /// rescaled by ms first), and the factors on the old accumulator (ms) and on V (vs).
+#[derive(Clone, Copy)]
 struct SoftmaxSteps {
     rescale: [bool; GROUP_BLOCK],
     ms: [f32; GROUP_BLOCK],
     vs: [f32; GROUP_BLOCK],
 }
 
+impl SoftmaxSteps {
+    /// No rescale, both factors 1 (what every step starts as).
+    const NONE: SoftmaxSteps = SoftmaxSteps { rescale: [false; GROUP_BLOCK], ms: [1.0; GROUP_BLOCK], vs: [1.0; GROUP_BLOCK] };
+}
+
 #[inline(always)]
 fn softmax_steps(scores: &[f32], m: &mut f32, sum: &mut f32) -> SoftmaxSteps {
-    let mut st = SoftmaxSteps { rescale: [false; GROUP_BLOCK], ms: [1.0; GROUP_BLOCK], vs: [1.0; GROUP_BLOCK] };
+    let mut st = SoftmaxSteps::NONE;
     let (mut mx, mut s) = (*m, *sum);
     for (j, &sc) in scores.iter().enumerate() {
         if sc > mx {
@@ -310,6 +316,58 @@ pub fn attend_group_at(
         return true;
     }
     let _ = (level, q, hd, k, v, rows, scale, sinks, out, scratch);
+    false
+}
+
+/// `attend_group` for `n_rows` consecutive query rows of one sequence whose layer has no
+/// window (a prompt chunk): row r's group heads are `q[r * q_stride..][..out.len() / n_rows]`
+/// and it attends to the first `count0 + r` of `rows` (`rows.count == count0 + n_rows - 1`);
+/// `out` holds the rows one after another; `sinks` (one per head of the group) apply to each. Every row gets `attend_group`'s bits; each block of
+/// K/V rows is widened from f16 once for all of them instead of once per row. Returns false
+/// (and does nothing) where there is no such kernel (below AVX-512, other head sizes): then
+/// call `attend_group` per row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group_rows(
+    q: &[f32],
+    q_stride: usize,
+    n_rows: usize,
+    hd: usize,
+    k: &[u16],
+    v: &[u16],
+    rows: KvRows<'_>,
+    count0: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut GroupScratch,
+) -> bool {
+    let level = level();
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni
+        && level.available()
+        && (hd == 64 || hd == 128 || hd == 256)
+        && n_rows > 0
+        && count0 > 0
+        && rows.count == count0 + n_rows - 1
+        && out.len().is_multiple_of(n_rows)
+        && (out.len() / n_rows).is_multiple_of(hd)
+        && q.len() >= (n_rows - 1) * q_stride + out.len() / n_rows
+        && k.len() >= rows.max_offset() + hd
+        && v.len() >= rows.max_offset() + hd
+        && sinks.is_none_or(|s| s.len() * hd == out.len() / n_rows)
+    {
+        // SAFETY: avx512f/bw/vl, avx2, fma and f16c are available (Avx512Vnni); the slice
+        // lengths cover every q row and K/V row read and every output written.
+        unsafe {
+            match hd {
+                64 => avx512::attend_group_rows::<4>(q, q_stride, n_rows, k, v, rows, count0, scale, sinks, out, scratch),
+                128 => avx512::attend_group_rows::<8>(q, q_stride, n_rows, k, v, rows, count0, scale, sinks, out, scratch),
+                _ => avx512::attend_group_rows::<16>(q, q_stride, n_rows, k, v, rows, count0, scale, sinks, out, scratch),
+            }
+        }
+        return true;
+    }
+    let _ = (level, q, q_stride, n_rows, hd, k, v, rows, count0, scale, sinks, out, scratch);
     false
 }
 
@@ -445,6 +503,60 @@ mod tests {
                             for (i, (a, b)) in fused[h * hd..(h + 1) * hd].iter().zip(&steps).enumerate() {
                                 assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} head {h} rows {rows} element {i}: {a} vs {b}");
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The multi-row kernel gives each row `attend_group`'s bits: rows of a prompt chunk from
+    /// positions inside and across blocks of rows, over a paged cache (blocks out of order), with
+    /// and without sinks, every head size.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_chunk_of_rows_in_one_item_gets_each_rows_bits() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        };
+        let mut scratch = GroupScratch::default();
+        // 96 positions in blocks of 16, the table out of order.
+        let table: Vec<u32> = vec![3, 0, 5, 1, 4, 2];
+        let blocks = KvBlocks::new(&table, 16);
+        for hd in [64usize, 128, 256] {
+            let (kv_heads, heads) = (2usize, 3usize);
+            let stride = kv_heads * hd;
+            let kf: Vec<f32> = (0..96 * stride).map(|_| rnd()).collect();
+            let vf: Vec<f32> = (0..96 * stride).map(|_| rnd()).collect();
+            let (mut k, mut v) = (vec![0u16; kf.len()], vec![0u16; vf.len()]);
+            f32_to_f16_row(&kf, &mut k);
+            f32_to_f16_row(&vf, &mut v);
+            let scale = 1.0 / (hd as f32).sqrt();
+            // q rows of the whole layer (both groups), q_dim apart.
+            let q_dim = kv_heads * heads * hd;
+            let q: Vec<f32> = (0..8 * q_dim).map(|_| rnd()).collect();
+            let sinks: Vec<f32> = (0..heads).map(|_| rnd()).collect();
+            for (count0, n_rows) in [(1usize, 2usize), (5, 8), (30, 5), (31, 3), (60, 8), (89, 8)] {
+                for (g, sinks) in [(0, None), (1, None), (1, Some(&sinks[..]))] {
+                    let len = heads * hd;
+                    let rows = KvRows { blocks, first: 0, count: count0 + n_rows - 1, stride };
+                    let mut out = vec![0f32; n_rows * len];
+                    let (kg, vg) = (&k[g * hd..], &v[g * hd..]);
+                    let q_rows = &q[g * len..];
+                    if !attend_group_rows(q_rows, q_dim, n_rows, hd, kg, vg, rows, count0, scale, sinks, &mut out, &mut scratch) {
+                        assert!(!SimdLevel::Avx512Vnni.available() || level() != SimdLevel::Avx512Vnni);
+                        return;
+                    }
+                    for r in 0..n_rows {
+                        let mut one = vec![0f32; len];
+                        let row = KvRows { blocks, first: 0, count: count0 + r, stride };
+                        assert!(attend_group(&q_rows[r * q_dim..r * q_dim + len], hd, kg, vg, row, scale, sinks, &mut one, &mut scratch));
+                        for (i, (a, b)) in out[r * len..(r + 1) * len].iter().zip(&one).enumerate() {
+                            assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} count0 {count0} row {r} element {i}: {a} vs {b}");
                         }
                     }
                 }

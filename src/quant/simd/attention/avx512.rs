@@ -27,27 +27,60 @@ pub unsafe fn attend_group<const HD16: usize>(
     out: &mut [f32],
     scratch: &mut GroupScratch,
 ) {
+    // One row: the multi-row kernel's every step for its only row (it is written once).
+    attend_group_rows::<HD16>(q, q.len(), 1, k, v, kv_rows, kv_rows.count, scale, sinks, out, scratch)
+}
+
+/// `attend_group` for `n_rows` consecutive query rows of one sequence that all attend from
+/// `kv_rows.first` (no sliding window, unless one row):
+/// row r's group heads are `q[r * q_stride..][..out.len() / n_rows]`, and it attends to the
+/// first `count0 + r` of `kv_rows` (so `kv_rows.count == count0 + n_rows - 1`). Each block of
+/// K/V rows is widened from f16 once for all the rows; per row every operation and its order
+/// are those of the row alone (the same blocks from the first attended position, the last one
+/// cut at the row's count), so each row's output has its bits (`attend_group` is this kernel
+/// with one row). `out` holds the rows one after another; `sinks`
+/// (one per head) apply to every row.
+///
+/// # Safety
+/// As `attend_group`; `q` holds `n_rows` rows `q_stride` apart.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn attend_group_rows<const HD16: usize>(
+    q: &[f32],
+    q_stride: usize,
+    n_rows: usize,
+    k: &[u16],
+    v: &[u16],
+    kv_rows: KvRows<'_>,
+    count0: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut GroupScratch,
+) {
     let hd = 16 * HD16;
-    let rows = kv_rows.count;
-    let heads = q.len() / hd;
+    let len = out.len() / n_rows;
+    let heads = len / hd;
     let GroupScratch { q: qr, k: kf, v: vf, acc, m, sum } = scratch;
     for buf in [&mut *qr, &mut *acc] {
         buf.clear();
-        buf.resize(q.len(), 0.0);
+        buf.resize(n_rows * len, 0.0);
     }
     for buf in [&mut *kf, &mut *vf] {
         buf.resize(GROUP_BLOCK * hd, 0.0);
     }
     m.clear();
-    m.resize(heads, f32::NEG_INFINITY);
+    m.resize(n_rows * heads, f32::NEG_INFINITY);
     sum.clear();
-    sum.resize(heads, 0.0);
-    for i in (0..q.len()).step_by(16) {
-        _mm512_storeu_ps(qr.as_mut_ptr().add(i), round(_mm512_loadu_ps(q.as_ptr().add(i))));
+    sum.resize(n_rows * heads, 0.0);
+    for r in 0..n_rows {
+        for i in (0..len).step_by(16) {
+            _mm512_storeu_ps(qr.as_mut_ptr().add(r * len + i), round(_mm512_loadu_ps(q.as_ptr().add(r * q_stride + i))));
+        }
     }
     let block = group_block_rows(hd);
-    for j0 in (0..rows).step_by(block) {
-        let n = block.min(rows - j0);
+    for j0 in (0..kv_rows.count).step_by(block) {
+        let n = block.min(kv_rows.count - j0);
         for j in 0..n {
             let at = kv_rows.offset(j0 + j);
             let (kp, vp) = (k.as_ptr().add(at), v.as_ptr().add(at));
@@ -56,35 +89,65 @@ pub unsafe fn attend_group<const HD16: usize>(
                 _mm512_storeu_ps(vf.as_mut_ptr().add(j * hd + 16 * c), load_h(vp.add(16 * c)));
             }
         }
-        // Several heads per pass where their accumulators fit in registers next to a V row:
-        // one head's accumulator update is a chain (FMA, then the f16 round trip) from row to
-        // row; the heads' chains are independent, so interleaving them fills the pipeline, and
-        // each V row is loaded once for all of them. Per head the operations and their order
-        // are unchanged (same bits).
-        let mut h = 0;
-        while h < heads {
-            let (qh, acc_h) = (qr.as_ptr().add(h * hd), acc.as_mut_ptr().add(h * hd));
-            let (mh, sh) = (&mut m[h..], &mut sum[h..]);
-            let (kb, vb) = (kf.as_ptr(), vf.as_ptr());
-            h += match (HD16, heads - h) {
-                (4, 4..) => attend_block::<HD16, 4>(qh, kb, vb, n, scale, mh, sh, acc_h),
-                (4, 3) => attend_block::<HD16, 3>(qh, kb, vb, n, scale, mh, sh, acc_h),
-                (4 | 8, 2..) => attend_block::<HD16, 2>(qh, kb, vb, n, scale, mh, sh, acc_h),
-                _ => attend_block::<HD16, 1>(qh, kb, vb, n, scale, mh, sh, acc_h),
-            };
+        for r in 0..n_rows {
+            let count = count0 + r;
+            if count <= j0 {
+                continue;
+            }
+            let row = r * len..(r + 1) * len;
+            let state = r * heads..(r + 1) * heads;
+            let nr = n.min(count - j0);
+            attend_heads::<HD16>(&qr[row.clone()], kf, vf, nr, scale, &mut m[state.clone()], &mut sum[state], &mut acc[row]);
         }
     }
-    if let Some(sinks) = sinks {
-        for (h, &sink) in sinks.iter().enumerate() {
-            fold_sink(sink, m[h], &mut sum[h], &mut acc[h * hd..(h + 1) * hd]);
+    for r in 0..n_rows {
+        let (acc_r, m_r, sum_r) = (&mut acc[r * len..(r + 1) * len], &m[r * heads..(r + 1) * heads], &mut sum[r * heads..(r + 1) * heads]);
+        if let Some(sinks) = sinks {
+            for (h, &sink) in sinks.iter().enumerate() {
+                fold_sink(sink, m_r[h], &mut sum_r[h], &mut acc_r[h * hd..(h + 1) * hd]);
+            }
+        }
+        for (h, &total) in sum_r.iter().enumerate() {
+            let inv = _mm512_set1_ps(if total == 0.0 { 0.0 } else { 1.0 / total });
+            for c in 0..HD16 {
+                let i = h * hd + 16 * c;
+                _mm512_storeu_ps(out.as_mut_ptr().add(r * len + i), _mm512_mul_ps(_mm512_loadu_ps(acc_r.as_ptr().add(i)), inv));
+            }
         }
     }
-    for (h, &total) in sum.iter().enumerate() {
-        let inv = _mm512_set1_ps(if total == 0.0 { 0.0 } else { 1.0 / total });
-        for c in 0..HD16 {
-            let i = h * hd + 16 * c;
-            _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(_mm512_loadu_ps(acc.as_ptr().add(i)), inv));
-        }
+}
+
+/// One query row's heads (`q`, `acc`, `m`, `sum` hold them one after another) over a block of
+/// `n` widened K/V rows. Several heads per pass where their accumulators fit in registers next
+/// to a V row: one head's accumulator update is a chain (FMA, then the f16 round trip) from row
+/// to row; the heads' chains are independent, so interleaving them fills the pipeline, and each
+/// V row is loaded once for all of them. Per head the operations and their order are unchanged
+/// (same bits).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn attend_heads<const HD16: usize>(
+    q: &[f32],
+    kf: &[f32],
+    vf: &[f32],
+    n: usize,
+    scale: f32,
+    m: &mut [f32],
+    sum: &mut [f32],
+    acc: &mut [f32],
+) {
+    let hd = 16 * HD16;
+    let heads = m.len();
+    let mut h = 0;
+    while h < heads {
+        let (qh, acc_h) = (q.as_ptr().add(h * hd), acc.as_mut_ptr().add(h * hd));
+        let (mh, sh) = (&mut m[h..], &mut sum[h..]);
+        let (kb, vb) = (kf.as_ptr(), vf.as_ptr());
+        h += match (HD16, heads - h) {
+            (4, 4..) => attend_block::<HD16, 4>(qh, kb, vb, n, scale, mh, sh, acc_h),
+            (4, 3) => attend_block::<HD16, 3>(qh, kb, vb, n, scale, mh, sh, acc_h),
+            (4 | 8, 2..) => attend_block::<HD16, 2>(qh, kb, vb, n, scale, mh, sh, acc_h),
+            _ => attend_block::<HD16, 1>(qh, kb, vb, n, scale, mh, sh, acc_h),
+        };
     }
 }
 
@@ -106,8 +169,15 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
 ) -> usize {
     debug_assert!(n <= GROUP_BLOCK && m.len() >= NH && sum.len() >= NH);
     let hd = 16 * HD16;
-    let st: [SoftmaxSteps; NH] = std::array::from_fn(|h| {
-        let qv: [__m512; HD16] = std::array::from_fn(|c| _mm512_loadu_ps(q.add(h * hd + 16 * c)));
+    // Plain loops, no `std::array::from_fn`: its closures carry no target features, so the
+    // intrinsics in them run as calls unless LLVM inlines the closure, which it stopped doing
+    // once `attend_group_rows` called this too (5x slower).
+    let mut st = [SoftmaxSteps::NONE; NH];
+    for (h, st) in st.iter_mut().enumerate() {
+        let mut qv = [_mm512_setzero_ps(); HD16];
+        for (c, qv) in qv.iter_mut().enumerate() {
+            *qv = _mm512_loadu_ps(q.add(h * hd + 16 * c));
+        }
         let mut scores = [0f32; GROUP_BLOCK];
         for (j, sc) in scores.iter_mut().enumerate().take(n) {
             let kp = k.add(j * hd);
@@ -120,9 +190,14 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
             }
             *sc = reduce_lanes(a) * scale;
         }
-        softmax_steps(&scores[..n], &mut m[h], &mut sum[h])
-    });
-    let mut av: [[__m512; HD16]; NH] = std::array::from_fn(|h| std::array::from_fn(|c| _mm512_loadu_ps(acc.add(h * hd + 16 * c))));
+        *st = softmax_steps(&scores[..n], &mut m[h], &mut sum[h]);
+    }
+    let mut av = [[_mm512_setzero_ps(); HD16]; NH];
+    for (h, av) in av.iter_mut().enumerate() {
+        for (c, a) in av.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(acc.add(h * hd + 16 * c));
+        }
+    }
     for j in 0..n {
         for (st, av) in st.iter().zip(av.iter_mut()) {
             if st.rescale[j] {
@@ -132,7 +207,10 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
                 }
             }
         }
-        let vsv: [__m512; NH] = std::array::from_fn(|h| _mm512_set1_ps(st[h].vs[j]));
+        let mut vsv = [_mm512_setzero_ps(); NH];
+        for (vsv, st) in vsv.iter_mut().zip(&st) {
+            *vsv = _mm512_set1_ps(st.vs[j]);
+        }
         let vp = v.add(j * hd);
         for c in 0..HD16 {
             let vc = _mm512_loadu_ps(vp.add(16 * c));
