@@ -301,19 +301,18 @@ fn device_vs_host_routing<B: Backend>(
     };
     let (dev, dev_load) = counted(m_gpu)?;
     let (host, host_load) = counted(&m_host)?;
-    let worst = dev.iter().zip(&host).fold(0f64, |w, (a, b)| w.max(rel_l2(a, b)));
-    // Where the two differ most, and how far each is from the CPU there: a difference both
-    // paths share with the CPU is the model amplifying rounding, not one path going wrong.
+    // Per decode step: device vs host, and each vs the CPU. Where the two differ most, and how
+    // far each is from the CPU there: a difference both paths share with the CPU is the model
+    // amplifying rounding, not one path going wrong.
+    let per_step = |x: &[Vec<f32>], y: &[Vec<f32>]| x.iter().zip(y).map(|(a, b)| rel_l2(a, b)).collect::<Vec<_>>();
     let cpu = decode_logits(m_cpu, prompt, tokens)?;
-    let step_err = |x: &[Vec<f32>]| x.iter().zip(&cpu).map(|(a, b)| rel_l2(a, b)).collect::<Vec<_>>();
-    let (dev_cpu, host_cpu) = (step_err(&dev), step_err(&host));
-    let at = dev.iter().zip(&host).map(|(a, b)| rel_l2(a, b)).enumerate().fold((0, 0f64), |w, (i, e)| if e > w.1 { (i, e) } else { w });
+    let (apart, dev_cpu, host_cpu) = (per_step(&dev, &host), per_step(&dev, &cpu), per_step(&host, &cpu));
+    let (at, worst) = apart.iter().copied().enumerate().fold((0, 0f64), |w, (i, e)| if e > w.1 { (i, e) } else { w });
     let max = |v: &[f64]| v.iter().copied().fold(0f64, f64::max);
     println!(
-        "device routing {arch} {q}: worst at decode step {}; vs CPU there: device {:.2e}, host {:.2e}; vs CPU max over the steps: device {:.2e}, host {:.2e}",
-        at.0,
-        dev_cpu[at.0],
-        host_cpu[at.0],
+        "device routing {arch} {q}: worst at decode step {at}; vs CPU there: device {:.2e}, host {:.2e}; vs CPU max over the steps: device {:.2e}, host {:.2e}",
+        dev_cpu[at],
+        host_cpu[at],
         max(&dev_cpu),
         max(&host_cpu)
     );

@@ -322,10 +322,10 @@ pub fn attend_group_at(
 /// `attend_group` for `n_rows` consecutive query rows of one sequence whose layer has no
 /// window (a prompt chunk): row r's group heads are `q[r * q_stride..][..out.len() / n_rows]`
 /// and it attends to the first `count0 + r` of `rows` (`rows.count == count0 + n_rows - 1`);
-/// `out` holds the rows one after another; `sinks` (one per head of the group) apply to each. Every row gets `attend_group`'s bits; each block of
-/// K/V rows is widened from f16 once for all of them instead of once per row. Returns false
-/// (and does nothing) where there is no such kernel (below AVX-512, other head sizes): then
-/// call `attend_group` per row.
+/// `out` holds the rows one after another; `sinks` (one per head of the group) apply to each.
+/// Every row gets `attend_group`'s bits; each block of K/V rows is widened from f16 once for
+/// all of them instead of once per row. Returns false (and does nothing) where there is no
+/// such kernel (below AVX-512, other head sizes): then call `attend_group` per row.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group_rows(
     q: &[f32],
@@ -429,6 +429,16 @@ mod tests {
         }
     }
 
+    /// Uniform values in [-3, 3) from an xorshift of `seed`.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        }
+    }
+
     fn contiguous(stride: usize, rows: usize) -> KvRows<'static> {
         KvRows { blocks: KvBlocks::CONTIGUOUS, first: 0, count: rows, stride }
     }
@@ -440,13 +450,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fused_group_attention_equals_the_step_by_step_path() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
-        };
+        let mut rnd = uniform(0x2545_f491_4f6c_dd1du64);
         let mut scratch = GroupScratch::default();
         for (level, hd) in [SimdLevel::Avx2, SimdLevel::Avx512Vnni].into_iter().flat_map(|l| [(l, 64usize), (l, 128), (l, 256)]) {
             let (kv_heads, rows_max) = (3usize, 70usize);
@@ -516,13 +520,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_chunk_of_rows_in_one_item_gets_each_rows_bits() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
-        };
+        let mut rnd = uniform(0x9e37_79b9_7f4a_7c15u64);
         let mut scratch = GroupScratch::default();
         // 96 positions in blocks of 16, the table out of order.
         let table: Vec<u32> = vec![3, 0, 5, 1, 4, 2];
@@ -548,7 +546,7 @@ mod tests {
                     let (kg, vg) = (&k[g * hd..], &v[g * hd..]);
                     let q_rows = &q[g * len..];
                     if !attend_group_rows(q_rows, q_dim, n_rows, hd, kg, vg, rows, count0, scale, sinks, &mut out, &mut scratch) {
-                        assert!(!SimdLevel::Avx512Vnni.available() || level() != SimdLevel::Avx512Vnni);
+                        assert_ne!(level(), SimdLevel::Avx512Vnni, "an AVX-512 CPU must take the multi-row kernel");
                         return;
                     }
                     for r in 0..n_rows {

@@ -32,14 +32,13 @@ pub unsafe fn attend_group<const HD16: usize>(
 }
 
 /// `attend_group` for `n_rows` consecutive query rows of one sequence that all attend from
-/// `kv_rows.first` (no sliding window, unless one row):
-/// row r's group heads are `q[r * q_stride..][..out.len() / n_rows]`, and it attends to the
-/// first `count0 + r` of `kv_rows` (so `kv_rows.count == count0 + n_rows - 1`). Each block of
-/// K/V rows is widened from f16 once for all the rows; per row every operation and its order
-/// are those of the row alone (the same blocks from the first attended position, the last one
-/// cut at the row's count), so each row's output has its bits (`attend_group` is this kernel
-/// with one row). `out` holds the rows one after another; `sinks`
-/// (one per head) apply to every row.
+/// `kv_rows.first` (no sliding window, unless one row): row r's group heads are
+/// `q[r * q_stride..][..out.len() / n_rows]`, and it attends to the first `count0 + r` of
+/// `kv_rows` (so `kv_rows.count == count0 + n_rows - 1`). Each block of K/V rows is widened
+/// from f16 once for all the rows; per row every operation and its order are those of the row
+/// alone (the same blocks from the first attended position, the last one cut at the row's
+/// count), so each row's output has its bits (`attend_group` is this kernel with one row).
+/// `out` holds the rows one after another; `sinks` (one per head) apply to every row.
 ///
 /// # Safety
 /// As `attend_group`; `q` holds `n_rows` rows `q_stride` apart.
