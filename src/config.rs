@@ -210,11 +210,8 @@ impl Config {
         if e.max_active_sequences == 0 {
             bail!("engine.max_active_sequences must be at least 1");
         }
-        if e.prefill_batch == 0 {
-            bail!("engine.prefill_batch must be at least 1");
-        }
-        if !(e.max_decode_slowdown == 0.0 || (e.max_decode_slowdown.is_finite() && e.max_decode_slowdown >= 1.0)) {
-            bail!("engine.max_decode_slowdown must be 0 (off) or a factor >= 1, got {}", e.max_decode_slowdown);
+        if let Some(s) = e.max_decode_slowdown.filter(|&s| !(s == 0.0 || (s.is_finite() && s >= 1.0))) {
+            bail!("engine.max_decode_slowdown must be 0 (off) or a factor >= 1, got {s}");
         }
         if e.min_prefill_chunk == 0 {
             bail!("engine.min_prefill_chunk must be at least 1");

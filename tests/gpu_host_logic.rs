@@ -55,6 +55,22 @@ fn a_request_like_the_last_one_replays_the_graphs_captured_for_it() {
     assert_eq!(be.graph_counts().0, captures[0], "a request one token longer captured new graphs");
 }
 
+/// Step limits left unset resolve to the GPU defaults when the engine loads: 512-row prompt
+/// chunks in a 2048-row step, and no cut of a long prompt's chunks while others decode (a GPU
+/// step's cost is mostly fixed, so cutting only multiplies steps: engine/types.rs).
+#[test]
+fn unset_step_limits_take_the_gpu_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = decode_test_model(dir.path());
+    let kernels = tempfile::tempdir().unwrap();
+    let be = Arc::new(GpuBackend::new(FakeGpu::default(), &fake_options(kernels.path())).unwrap());
+    let cfg = EngineConfig { model_path: model, max_active_sequences: 1, context_length: 512, ..EngineConfig::default() };
+    let engine = Engine::load_on(cfg, be).unwrap();
+    let c = engine.config();
+    assert_eq!((c.prefill_batch, c.max_batch_tokens, c.max_decode_slowdown), (512, 2048, Some(0.0)));
+    engine.shutdown();
+}
+
 /// A KV cache freed by a finished sequence stays in the backend's pool for the next one of
 /// its size class; a sequence of another size that finds the device full gets the pool's buffers
 /// given back to the driver and its allocation tried again, instead of failing.

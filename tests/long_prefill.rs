@@ -26,7 +26,7 @@ fn engine(path: &Path, max_decode_slowdown: f64) -> Engine {
         context_length: 512,
         prefill_batch: 64,
         max_batch_tokens: 64,
-        max_decode_slowdown,
+        max_decode_slowdown: Some(max_decode_slowdown),
         min_prefill_chunk: MIN_CHUNK,
         ..EngineConfig::default()
     })
@@ -120,4 +120,20 @@ fn with_the_learned_limit_a_long_prompt_is_chunked_and_still_bit_identical() {
     for (i, p) in streams.iter().enumerate() {
         assert_eq!(seen[i], solo(&alone, request(p.clone(), 60)), "stream {i}");
     }
+}
+
+/// Step limits left unset resolve to the CPU backend's defaults when the engine loads: a long
+/// prompt is one past 64 tokens, and its chunks keep the decoding streams' step within 3x.
+#[test]
+fn unset_step_limits_take_the_cpu_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::synth(dir.path(), "llama", "q4_1");
+    let e = Engine::load(EngineConfig { model_path: path, threads: 1, context_length: 256, ..EngineConfig::default() }).unwrap();
+    let c = e.config();
+    assert_eq!((c.prefill_batch, c.max_batch_tokens, c.max_decode_slowdown), (64, 64, Some(3.0)));
+    e.shutdown();
+    // Set values stand, 0 (off) included.
+    let e = engine(&common::synth(dir.path(), "llama", "q4_1"), 0.0);
+    assert_eq!(e.config().max_decode_slowdown, Some(0.0));
+    e.shutdown();
 }

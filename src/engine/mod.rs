@@ -134,9 +134,23 @@ impl Engine {
         let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("{}: tokenizer", cfg.model_path.display()))?;
         crate::kernel_registry::configure(cfg.kernel_timing.enabled, cfg.kernel_timing.sample_rate_for(be.name()));
         let model = Arc::new(Model::load(file.clone(), be)?);
+        // Per-backend defaults (types.rs says why they differ).
+        let backend_name = model.backend().name();
         if cfg.max_batch_tokens == 0 {
-            cfg.max_batch_tokens = default_max_batch_tokens(model.backend().name());
+            cfg.max_batch_tokens = default_max_batch_tokens(backend_name);
         }
+        if cfg.prefill_batch == 0 {
+            cfg.prefill_batch = default_prefill_batch(backend_name);
+        }
+        cfg.max_decode_slowdown.get_or_insert_with(|| default_max_decode_slowdown(backend_name));
+        // Debug, not info: `serve` prints nothing but errors before its `listening` line.
+        tracing::debug!(
+            backend = backend_name,
+            max_batch_tokens = cfg.max_batch_tokens,
+            prefill_batch = cfg.prefill_batch,
+            max_decode_slowdown = cfg.max_decode_slowdown,
+            "engine step limits"
+        );
         let hp = &model.hp;
         let ctx_len = if cfg.context_length > 0 { cfg.context_length.min(hp.n_ctx_train) } else { hp.n_ctx_train };
         let ws_shape = step_workspace_shape(&cfg);

@@ -79,7 +79,8 @@ impl StepLimits {
         StepLimits {
             budget: cfg.max_batch_tokens.max(1),
             chunk: cfg.prefill_batch.max(1),
-            max_decode_slowdown: cfg.max_decode_slowdown,
+            // Resolved per backend when the engine loads; unset here only in a bare config.
+            max_decode_slowdown: cfg.max_decode_slowdown.unwrap_or(0.0),
             min_prefill_chunk: cfg.min_prefill_chunk.max(1),
         }
     }

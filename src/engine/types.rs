@@ -53,7 +53,10 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Cap on the context length (0 = the model's own).
     pub context_length: usize,
-    /// The largest prompt chunk one sequence prefills in one step.
+    /// The largest prompt chunk one sequence prefills in one step; a prompt longer than this
+    /// is a long one (its chunks are cut by `max_decode_slowdown`). 0 = the backend's default
+    /// ([`default_prefill_batch`]), resolved when the engine loads.
+    #[serde(default)]
     pub prefill_batch: usize,
     /// Token budget of one engine step (continuous batching): one decode row per decoding
     /// sequence, then prefill chunks up to this many rows in all. It bounds the decode gap
@@ -65,13 +68,16 @@ pub struct EngineConfig {
     /// While sequences decode, how much slower a step may become because it also prefills a
     /// long prompt (one longer than `prefill_batch`): that prompt's chunk is cut so the
     /// step's predicted time stays within this factor of the decode rows' alone (a cost model
-    /// learned online from measured step times). 3.0 (the default) = the decoding streams'
-    /// inter-token gap at most triples while a long prompt prefills, which gets the other two
-    /// thirds of the machine (2.0 measured 2.6x the long prompt's time to first token of 3.0
-    /// for a similar inter-token p99: docs/PERF.md). Short prompts are not cut (they end in one step; their time to first token
-    /// matters). 0 = off: prefill chunks fill `max_batch_tokens`. Values in (0, 1) are refused.
-    #[serde(default = "default_max_decode_slowdown")]
-    pub max_decode_slowdown: f64,
+    /// learned online from measured step times, which takes a step's cost as proportional to
+    /// its rows and attended positions). 3.0 = the decoding streams' inter-token gap at most
+    /// triples while a long prompt prefills, which gets the other two thirds of the machine
+    /// (2.0 measured 2.6x the long prompt's time to first token of 3.0 for a similar
+    /// inter-token p99: docs/PERF.md). Short prompts are not cut (they end in one step; their
+    /// time to first token matters). 0 = off: prefill chunks fill `max_batch_tokens`. Values in
+    /// (0, 1) are refused. Unset = the backend's default ([`default_max_decode_slowdown`]):
+    /// 3.0 on the CPU, off on GPUs.
+    #[serde(default)]
+    pub max_decode_slowdown: Option<f64>,
     /// Rows the oldest long prompt prefills in every step even when `max_decode_slowdown`
     /// leaves none, so it always progresses.
     #[serde(default = "default_min_prefill_chunk")]
@@ -108,9 +114,9 @@ impl Default for EngineConfig {
             max_active_sequences: 4,
             max_queue: 64,
             context_length: 4096,
-            prefill_batch: 64,
+            prefill_batch: 0,
             max_batch_tokens: 0,
-            max_decode_slowdown: default_max_decode_slowdown(),
+            max_decode_slowdown: None,
             min_prefill_chunk: default_min_prefill_chunk(),
             kv_cache_bytes: 0,
             weights_memory: Default::default(),
@@ -120,8 +126,35 @@ impl Default for EngineConfig {
     }
 }
 
-fn default_max_decode_slowdown() -> f64 {
-    3.0
+/// `engine.max_decode_slowdown` when unset, by backend.
+///
+/// - CPU: 3.0. A CPU step costs about its rows, so a cut chunk shortens the step in
+///   proportion and the decoding streams' gap stays within the factor (docs/PERF.md).
+/// - GPU: off. A GPU step's cost is mostly fixed (a step that prefilled ~3 rows next to 4
+///   decoding streams cost 3.7x their graph-replayed decode-only step on an H100, 7.5 against
+///   2.0 ms), so no chunk keeps the step within the factor, the cut left the minimum chunk, and
+///   a 3,000-token prompt took 8.2 s to its first token at ~3 rows a step while the streams
+///   ran 3.7x slower throughout (docs/GPU.md "Issue #14, session 23"). Filling the budget
+///   with `prefill_batch` chunks, as vLLM and TGI do, costs the streams a few longer steps.
+pub fn default_max_decode_slowdown(backend_name: &str) -> f64 {
+    match backend_name {
+        "cpu" => 3.0,
+        _ => 0.0,
+    }
+}
+
+/// `engine.prefill_batch` when 0, by backend.
+///
+/// - CPU: 64 rows. A CPU step costs about its rows (see [`default_max_batch_tokens`]), so a
+///   larger chunk prefills no faster and lengthens every decoding stream's gap.
+/// - GPU: 512 rows (llama.cpp's default micro-batch). A GPU step costs several ms however few
+///   its rows, so 64-row chunks made a 3,000-token prompt take 47 steps; 512 rows take 6
+///   (docs/GPU.md "Issue #14, session 23").
+pub fn default_prefill_batch(backend_name: &str) -> usize {
+    match backend_name {
+        "cpu" => 64,
+        _ => 512,
+    }
 }
 
 fn default_true() -> bool {
