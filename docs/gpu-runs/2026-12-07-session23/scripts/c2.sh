@@ -4,7 +4,7 @@
 # base = c1's binary (new step defaults), new = the same + the shared GEMM input. One machine.
 # 1) gpu_check (new, then base) on dense archs: the printed errors must be identical (same bits).
 # 2) civetta bench pp512/pp2048 (+ tg32 and greedy hashes), Q8_0 and Q4_K 1.4B, 2 interleaved rounds.
-# 3) serving c1/c16 and the mixed scenario, base vs new, 2 rounds.
+# 3) serving c1/c16 and the mixed scenario, base vs new, SERVE_ROUNDS (1) rounds.
 set -uo pipefail
 G=$PWD/.gpu/23; W=/tmp/s23; mkdir -p $W; T=${TAG:-c2}; O=$OUT/$T; mkdir -p $O
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -19,7 +19,7 @@ K=$G/kernels
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $O/gpu.txt; cat $O/gpu.txt
 for b in gpu_check gpu_check-base; do
   stamp "$b"
-  timeout 170 $W/$b --backend cuda --kernel-dir $K --archs llama,qwen2,gemma3 --quants q8_0,q4_k,f16,q6_k,q5_0 > $O/parity-$b.md 2> $O/parity-$b.err; echo "rc=$?"
+  timeout ${PARITY_TIMEOUT:-170} $W/$b --backend cuda --kernel-dir $K --archs ${PARITY_ARCHS:-llama,qwen2,gemma3} --quants ${PARITY_QUANTS:-q8_0,q4_k,f16,q6_k,q5_0} > $O/parity-$b.md 2> $O/parity-$b.err; echo "rc=$?"
 done
 python3 - $O/parity-gpu_check.md $O/parity-gpu_check-base.md <<'PY'
 import sys
@@ -31,7 +31,7 @@ for x, y in zip(ra, rb):
 print("\n".join(l[:200] for l in a if "FAIL" in l or "within tolerance" in l.lower())[:2000])
 PY
 finish
-for r in 1 2; do
+for r in $(seq ${PP_ROUNDS:-2}); do
   if (( r % 2 )); then order="base gemm"; else order="gemm base"; fi
   for b in $order; do
     bin=$W/civetta-$b; [[ $b == base ]] && bin=$W/civetta-base
@@ -65,7 +65,7 @@ for m in d.get("mixed") or []:
 PY
   gzip -f $O/serve-$b-$tag.log
 }
-for r in 1 2; do
+for r in $(seq ${SERVE_ROUNDS:-1}); do
   if (( r % 2 )); then order="base gemm"; else order="gemm base"; fi
   stamp "serving round $r"
   for b in $order; do serve $b serving-r$r --concurrency 1,16 --requests 32 -n 64; serve $b mixed-r$r --concurrency= --mixed 3000 --mixed-streams 4 --mixed-stream-tokens 1024; done
