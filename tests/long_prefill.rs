@@ -128,12 +128,12 @@ fn with_the_learned_limit_a_long_prompt_is_chunked_and_still_bit_identical() {
 fn unset_step_limits_take_the_cpu_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::synth(dir.path(), "llama", "q4_1");
-    let e = Engine::load(EngineConfig { model_path: path, threads: 1, context_length: 256, ..EngineConfig::default() }).unwrap();
+    let e = Engine::load(EngineConfig { model_path: path.clone(), threads: 1, context_length: 256, ..EngineConfig::default() }).unwrap();
     let c = e.config();
     assert_eq!((c.prefill_batch, c.max_batch_tokens, c.max_decode_slowdown), (64, 64, Some(3.0)));
     e.shutdown();
     // Set values stand, 0 (off) included.
-    let e = engine(&common::synth(dir.path(), "llama", "q4_1"), 0.0);
+    let e = engine(&path, 0.0);
     assert_eq!(e.config().max_decode_slowdown, Some(0.0));
     e.shutdown();
 }

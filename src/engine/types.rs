@@ -130,12 +130,13 @@ impl Default for EngineConfig {
 ///
 /// - CPU: 3.0. A CPU step costs about its rows, so a cut chunk shortens the step in
 ///   proportion and the decoding streams' gap stays within the factor (docs/PERF.md).
-/// - GPU: off. A GPU step's cost is mostly fixed (a step that prefilled ~3 rows next to 4
-///   decoding streams cost 3.7x their graph-replayed decode-only step on an H100, 7.5 against
-///   2.0 ms), so no chunk keeps the step within the factor, the cut left the minimum chunk, and
-///   a 3,000-token prompt took 8.2 s to its first token at ~3 rows a step while the streams
-///   ran 3.7x slower throughout (docs/GPU.md "Issue #14, session 23"). Filling the budget
-///   with `prefill_batch` chunks, as vLLM and TGI do, costs the streams a few longer steps.
+/// - GPU: off. A GPU step's cost is mostly fixed (on an H200, a step that prefilled 1-3 rows
+///   next to 4 decoding streams ran eagerly in 6-10 ms against their 2 ms graph-replayed
+///   decode-only step), so the cost model, which takes cost as proportional to rows, let 1-3
+///   rows through a step: a 3,000-token prompt took 7.9 s to its first token while the streams
+///   ran ~4x slower throughout; off, 0.128 s (docs/GPU.md "Issue #14, session 23"). Filling
+///   the budget with `prefill_batch` chunks, as vLLM and TGI do, costs the streams a few
+///   longer steps.
 pub fn default_max_decode_slowdown(backend_name: &str) -> f64 {
     match backend_name {
         "cpu" => 3.0,
@@ -147,9 +148,9 @@ pub fn default_max_decode_slowdown(backend_name: &str) -> f64 {
 ///
 /// - CPU: 64 rows. A CPU step costs about its rows (see [`default_max_batch_tokens`]), so a
 ///   larger chunk prefills no faster and lengthens every decoding stream's gap.
-/// - GPU: 512 rows (llama.cpp's default micro-batch). A GPU step costs several ms however few
-///   its rows, so 64-row chunks made a 3,000-token prompt take 47 steps; 512 rows take 6
-///   (docs/GPU.md "Issue #14, session 23").
+/// - GPU: 512 rows (llama.cpp's default micro-batch). A GPU step that prefills costs several
+///   ms however few its rows, so 64-row chunks would take a 3,000-token prompt 47 such steps;
+///   512-row ones take 6 (~20 ms each on an H200, docs/GPU.md "Issue #14, session 23").
 pub fn default_prefill_batch(backend_name: &str) -> usize {
     match backend_name {
         "cpu" => 64,
