@@ -460,8 +460,11 @@ mod tests {
             let (mut k, mut v) = (vec![0u16; kf.len()], vec![0u16; vf.len()]);
             f32_to_f16_row(&kf, &mut k);
             f32_to_f16_row(&vf, &mut v);
-            let scale = 1.0 / (hd as f32).sqrt();
-            for heads_per_group in [1usize, 2, 3, 4, 5, 8] {
+            // Scores of a few units, and scores 30x larger: their differences from the running
+            // max pass 88 and 104, where expf leaves its main path (`expf::expf_x16`).
+            for (scale, heads_per_group) in
+                [1.0, 30.0].into_iter().flat_map(|b| [1usize, 2, 3, 4, 5, 8].map(|n| (b / (hd as f32).sqrt(), n)))
+            {
                 let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
                 // No sink, sinks below the scores' max, and sinks far above it (the accumulator
                 // is rescaled after the last key).
@@ -505,7 +508,11 @@ mod tests {
                                 &mut steps,
                             );
                             for (i, (a, b)) in fused[h * hd..(h + 1) * hd].iter().zip(&steps).enumerate() {
-                                assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} group {g} head {h} rows {rows} element {i}: {a} vs {b}");
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "hd {hd} scale {scale} group {g} head {h} rows {rows} element {i}: {a} vs {b}"
+                                );
                             }
                         }
                     }
@@ -559,6 +566,36 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Time per `attend_group` call for one decode row at depth 2,048 (HD=64: 3 heads a group, as
+    /// SmolLM2; HD=128 / 256: 4), for comparing kernels on one machine, not asserted:
+    /// `HD=64 cargo test --release --lib time_attend_group_at_depth -- --ignored --nocapture`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[ignore]
+    fn time_attend_group_at_depth() {
+        let mut rnd = uniform(7);
+        let hd: usize = std::env::var("HD").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+        let (kv_heads, rows, heads_per_group) = (3usize, 2048usize, if hd == 64 { 3 } else { 4 });
+        let stride = kv_heads * hd;
+        let kf: Vec<f32> = (0..rows * stride).map(|_| rnd()).collect();
+        let vf: Vec<f32> = (0..rows * stride).map(|_| rnd()).collect();
+        let (mut k, mut v) = (vec![0u16; kf.len()], vec![0u16; vf.len()]);
+        f32_to_f16_row(&kf, &mut k);
+        f32_to_f16_row(&vf, &mut v);
+        let q: Vec<f32> = (0..heads_per_group * hd).map(|_| rnd()).collect();
+        let mut out = vec![0f32; q.len()];
+        let mut scratch = GroupScratch::default();
+        let scale = 0.4 / (hd as f32).sqrt();
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            for g in 0..200 {
+                let g = g % kv_heads;
+                assert!(attend_group(&q, hd, &k[g * hd..], &v[g * hd..], contiguous(stride, rows), scale, None, &mut out, &mut scratch));
+            }
+            eprintln!("hd {hd}: {:.1} us per call", t.elapsed().as_secs_f64() * 1e6 / 200.0);
         }
     }
 }

@@ -17,6 +17,8 @@ mod avx512;
 // The CPU kernels other than the dot products, next to them so that every CPU kernel picks
 // its instruction set from `level()`.
 pub(crate) mod attention;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod expf;
 pub(crate) mod geglu;
 pub(crate) mod silu;
 

@@ -8,6 +8,7 @@
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
 use super::{fold_sink, group_block_rows, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
+use crate::quant::simd::expf;
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 16 * HD16 (4, 8, 16: head sizes 64, 128, 256).
@@ -171,26 +172,26 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
     // Plain loops, no `std::array::from_fn`: its closures carry no target features, so the
     // intrinsics in them run as calls unless LLVM inlines the closure, which it stopped doing
     // once `attend_group_rows` called this too (5x slower).
-    let mut st = [SoftmaxSteps::NONE; NH];
-    for (h, st) in st.iter_mut().enumerate() {
+    let mut scores = [[0f32; GROUP_BLOCK]; NH];
+    for (h, scores) in scores.iter_mut().enumerate() {
         let mut qv = [_mm512_setzero_ps(); HD16];
         for (c, qv) in qv.iter_mut().enumerate() {
             *qv = _mm512_loadu_ps(q.add(h * hd + 16 * c));
         }
-        let mut scores = [0f32; GROUP_BLOCK];
-        for (j, sc) in scores.iter_mut().enumerate().take(n) {
-            let kp = k.add(j * hd);
-            // dot_f16's order: per 64 elements, acc[i] is the i-th 16-lane accumulator.
-            let mut a = [_mm512_setzero_ps(); 4];
-            for c in 0..HD16 / 4 {
-                for (i, a) in a.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(64 * c + 16 * i)), qv[4 * c + i], *a);
-                }
-            }
-            *sc = reduce_lanes(a) * scale;
+        // Whole groups of 16 (the scratch holds GROUP_BLOCK rows; scores past n are unused).
+        for j in (0..n).step_by(16) {
+            scores_x16::<HD16>(&qv, k.add(j * hd), scale, scores.as_mut_ptr().add(j));
         }
-        *st = softmax_steps(&scores[..n], &mut m[h], &mut sum[h]);
     }
+    let st = if expf::matches_libm() {
+        softmax_steps_x16::<NH>(&scores, n, m, sum)
+    } else {
+        let mut st = [SoftmaxSteps::NONE; NH];
+        for (h, st) in st.iter_mut().enumerate() {
+            *st = softmax_steps(&scores[h][..n], &mut m[h], &mut sum[h]);
+        }
+        st
+    };
     let mut av = [[_mm512_setzero_ps(); HD16]; NH];
     for (h, av) in av.iter_mut().enumerate() {
         for (c, a) in av.iter_mut().enumerate() {
@@ -226,6 +227,50 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
     NH
 }
 
+/// `softmax_steps` for NH heads' blocks of `n` scores, same bits: per head a scalar pass
+/// finds the running max and the rows that raise it (their ms by libm's expf: rare past a
+/// sequence's first rows), then every other row's vs = expf(score - max) 16 rows at a time
+/// (`expf_x16`, glibc's bits; a raising row's argument is set to 0, whose exp is exactly its
+/// vs of 1), then the heads' sums run their FMA chains side by side (each chain in its
+/// order). Only where `expf::matches_libm()`.
+#[inline(always)]
+unsafe fn softmax_steps_x16<const NH: usize>(
+    scores: &[[f32; GROUP_BLOCK]; NH],
+    n: usize,
+    m: &mut [f32],
+    sum: &mut [f32],
+) -> [SoftmaxSteps; NH] {
+    let mut st = [SoftmaxSteps::NONE; NH];
+    for (h, st) in st.iter_mut().enumerate() {
+        let mut arg = [0f32; GROUP_BLOCK];
+        let mut mx = m[h];
+        for j in 0..n {
+            let sc = scores[h][j];
+            if sc > mx {
+                let old = mx;
+                mx = sc;
+                st.ms[j] = (old - mx).exp();
+                st.rescale[j] = true;
+            } else {
+                arg[j] = sc - mx;
+            }
+        }
+        m[h] = mx;
+        for j in (0..n).step_by(16) {
+            _mm512_storeu_ps(st.vs.as_mut_ptr().add(j), expf::expf_x16(_mm512_loadu_ps(arg.as_ptr().add(j))));
+        }
+    }
+    let mut s = [0f32; NH];
+    s.copy_from_slice(&sum[..NH]);
+    for j in 0..n {
+        for (s, st) in s.iter_mut().zip(&st) {
+            *s = s.mul_add(st.ms[j], st.vs[j]);
+        }
+    }
+    sum[..NH].copy_from_slice(&s);
+    st
+}
+
 #[inline(always)]
 unsafe fn load_h(p: *const u16) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
@@ -237,15 +282,46 @@ unsafe fn round(v: __m512) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
-/// The AVX2 kernel's `reduce_lanes`: acc0 + acc2, acc1 + acc3, their sum, then lanes 0..7
-/// plus lanes 8..15, then the same halving tree over 8 lanes.
+/// The scores of 16 consecutive widened K rows (`k`, hd apart) for one head's q, each bit for
+/// bit the AVX2 kernel's `reduce_lanes(dot_f16's accumulators) * scale`: the rows' lane trees run side by side,
+/// two rows per register at the first level and 16 in one at the last (each level the same
+/// pairs of lanes added as `reduce_lanes` adds them; adding is commutative, so which operand
+/// is which does not matter), 15 adds and 32 shuffles instead of 16 x 8 mostly serial steps.
 #[inline(always)]
-unsafe fn reduce_lanes(a: [__m512; 4]) -> f32 {
-    let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
-    let v = _mm256_add_ps(_mm512_castps512_ps256(s), hi);
-    let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
+unsafe fn scores_x16<const HD16: usize>(qv: &[__m512; HD16], k: *const f32, scale: f32, out: *mut f32) {
+    let hd = 16 * HD16;
+    let mut s = [_mm512_setzero_ps(); 16];
+    for (j, s) in s.iter_mut().enumerate() {
+        let kp = k.add(j * hd);
+        // dot_f16's order: per 64 elements, acc[i] is the i-th 16-lane accumulator.
+        let mut a = [_mm512_setzero_ps(); 4];
+        for c in 0..HD16 / 4 {
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(64 * c + 16 * i)), qv[4 * c + i], *a);
+            }
+        }
+        *s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+    }
+    // Lanes i + (i + 8): rows 2p and 2p + 1 in one register, 8 lanes each.
+    let mut t1 = [_mm512_setzero_ps(); 8];
+    for (p, t) in t1.iter_mut().enumerate() {
+        let (x, y) = (s[2 * p], s[2 * p + 1]);
+        *t = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y));
+    }
+    // Lanes i + (i + 4): rows 4q..4q + 4, one per 128-bit lane.
+    let mut t2 = [_mm512_setzero_ps(); 4];
+    for (q, t) in t2.iter_mut().enumerate() {
+        let (x, y) = (t1[2 * q], t1[2 * q + 1]);
+        *t = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y));
+    }
+    // Lanes 0 + 2 and 1 + 3: 128-bit lane l of t3[u] holds rows 8u + l and 8u + 4 + l.
+    let mut t3 = [_mm512_setzero_ps(); 2];
+    for (u, t) in t3.iter_mut().enumerate() {
+        let (x, y) = (t2[2 * u], t2[2 * u + 1]);
+        *t = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(x, y), _mm512_shuffle_ps::<0b11_10_11_10>(x, y));
+    }
+    // Lane 0 + 1: element 4l + m holds row l + 4m; put row j in element j.
+    let r = _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(t3[0], t3[1]), _mm512_shuffle_ps::<0b11_01_11_01>(t3[0], t3[1]));
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(order, r), _mm512_set1_ps(scale)));
 }
