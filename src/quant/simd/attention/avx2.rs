@@ -1,7 +1,8 @@
 //! The AVX2 + FMA + F16C forms of the f16 attention kernels (`super`): the f16 row
 //! primitives and `attend_group` for head sizes 64, 128 and 256, 8 lanes per register.
 
-use super::{fold_sink, GroupScratch, KvRows, GROUP_BLOCK};
+use super::{fold_sink, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
+use crate::quant::simd::expf;
 use std::arch::x86_64::*;
 
 /// `attend_group` for head size 8 * HD8.
@@ -102,7 +103,7 @@ unsafe fn attend_block<const HD8: usize>(
         }
         *sc = reduce_lanes(lo, hi) * scale;
     }
-    let st = super::softmax_steps(&scores[..n], m, sum);
+    let st = if expf::matches_libm_avx2() { softmax_steps_x8(&scores, n, m, sum) } else { super::softmax_steps(&scores[..n], m, sum) };
     // The accumulator stays in registers across the rows: all of it up to head size
     // 128, 128 columns at a time above (head size 256 would need 32 of the 16 ymm
     // registers); each column's operations and their row order are the same.
@@ -114,6 +115,37 @@ unsafe fn attend_block<const HD8: usize>(
             accumulate::<16>(acc.add(128 * g), v.add(128 * g), 8 * HD8, steps);
         }
     }
+}
+
+/// `softmax_steps` with the exps of the rows that do not raise the max 8 at a time
+/// (`expf_x8_avx2`, glibc's bits; a raising row's argument is 0, whose exp is its vs of 1),
+/// as the AVX-512 kernel's `softmax_steps_x16` for one head.
+#[inline(always)]
+unsafe fn softmax_steps_x8(scores: &[f32; GROUP_BLOCK], n: usize, m: &mut f32, sum: &mut f32) -> SoftmaxSteps {
+    let mut st = SoftmaxSteps::NONE;
+    let mut arg = [0f32; GROUP_BLOCK];
+    let mut mx = *m;
+    for j in 0..n {
+        let sc = scores[j];
+        if sc > mx {
+            let old = mx;
+            mx = sc;
+            st.ms[j] = (old - mx).exp();
+            st.rescale[j] = true;
+        } else {
+            arg[j] = sc - mx;
+        }
+    }
+    *m = mx;
+    for j in (0..n).step_by(8) {
+        _mm256_storeu_ps(st.vs.as_mut_ptr().add(j), expf::expf_x8_avx2(_mm256_loadu_ps(arg.as_ptr().add(j))));
+    }
+    let mut s = *sum;
+    for j in 0..n {
+        s = s.mul_add(st.ms[j], st.vs[j]);
+    }
+    *sum = s;
+    st
 }
 
 /// The accumulator updates of `attend_block` for 8 * W columns: per row j, rescale by
