@@ -236,6 +236,28 @@ fn softmax_steps(scores: &[f32], m: &mut f32, sum: &mut f32) -> SoftmaxSteps {
     st
 }
 
+/// The first pass of the vectorised `softmax_steps` (the AVX2 and AVX-512 kernels): continues
+/// the running max m over a block's scores, marks the rows that raise it and gives them their
+/// ms (libm: rare past a sequence's first rows); returns every other row's exp argument
+/// (score - max) and 0 for the raising rows, whose exp is exactly their vs of 1.
+#[inline(always)]
+fn raise_pass(scores: &[f32], m: &mut f32, st: &mut SoftmaxSteps) -> [f32; GROUP_BLOCK] {
+    let mut arg = [0f32; GROUP_BLOCK];
+    let mut mx = *m;
+    for (j, &sc) in scores.iter().enumerate() {
+        if sc > mx {
+            let old = mx;
+            mx = sc;
+            st.ms[j] = (old - mx).exp();
+            st.rescale[j] = true;
+        } else {
+            arg[j] = sc - mx;
+        }
+    }
+    *m = mx;
+    arg
+}
+
 /// Rows per block of `attend_group`: the f32 K and V of a block stay within 32 KiB (L1)
 /// up to head size 128; 16 rows at 256.
 fn group_block_rows(hd: usize) -> usize {

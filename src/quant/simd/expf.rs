@@ -111,11 +111,7 @@ pub unsafe fn expf_x16(x: __m512) -> __m512 {
     let (mut xs, mut ys) = ([0f32; 16], [0f32; 16]);
     _mm512_storeu_ps(xs.as_mut_ptr(), x);
     _mm512_storeu_ps(ys.as_mut_ptr(), y);
-    for (i, (xi, yi)) in xs.iter().zip(ys.iter_mut()).enumerate() {
-        if special & (1 << i) != 0 {
-            *yi = xi.exp();
-        }
-    }
+    libm_lanes(special as u32, &xs, &mut ys);
     _mm512_loadu_ps(ys.as_ptr())
 }
 
@@ -158,12 +154,17 @@ pub unsafe fn expf_x8_avx2(x: __m256) -> __m256 {
     let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
     _mm256_storeu_ps(xs.as_mut_ptr(), x);
     _mm256_storeu_ps(ys.as_mut_ptr(), y);
+    libm_lanes(special as u32, &xs, &mut ys);
+    _mm256_loadu_ps(ys.as_ptr())
+}
+
+/// libm's expf of the lanes of `xs` whose bit is set in `special`, into `ys`.
+fn libm_lanes(special: u32, xs: &[f32], ys: &mut [f32]) {
     for (i, (xi, yi)) in xs.iter().zip(ys.iter_mut()).enumerate() {
         if special & (1 << i) != 0 {
             *yi = xi.exp();
         }
     }
-    _mm256_loadu_ps(ys.as_ptr())
 }
 
 /// Whether this CPU runs `expf_x16` and it gives libm's bits on a fixed set of inputs: about
@@ -220,19 +221,7 @@ fn check_inputs() -> Vec<f32> {
 /// # Safety
 /// avx512f and fma.
 pub unsafe fn first_mismatch(xs: &[f32]) -> Option<(f32, f32, f32)> {
-    for chunk in xs.chunks(16) {
-        let mut x = [0f32; 16];
-        x[..chunk.len()].copy_from_slice(chunk);
-        let mut y = [0f32; 16];
-        _mm512_storeu_ps(y.as_mut_ptr(), expf_x16(_mm512_loadu_ps(x.as_ptr())));
-        for (xi, yi) in x.iter().zip(y) {
-            let want = xi.exp();
-            if want.to_bits() != yi.to_bits() {
-                return Some((*xi, yi, want));
-            }
-        }
-    }
-    None
+    first_mismatch_by::<16>(xs, |x, y| _mm512_storeu_ps(y.as_mut_ptr(), expf_x16(_mm512_loadu_ps(x.as_ptr()))))
 }
 
 /// `first_mismatch` for `expf_x8_avx2`.
@@ -240,11 +229,17 @@ pub unsafe fn first_mismatch(xs: &[f32]) -> Option<(f32, f32, f32)> {
 /// # Safety
 /// avx2 and fma.
 pub unsafe fn first_mismatch_avx2(xs: &[f32]) -> Option<(f32, f32, f32)> {
-    for chunk in xs.chunks(8) {
-        let mut x = [0f32; 8];
+    first_mismatch_by::<8>(xs, |x, y| _mm256_storeu_ps(y.as_mut_ptr(), expf_x8_avx2(_mm256_loadu_ps(x.as_ptr()))))
+}
+
+/// The first of `xs`, in chunks of N padded with zeros, where `exp` (x -> y) differs from
+/// libm: (x, exp's y, libm's).
+fn first_mismatch_by<const N: usize>(xs: &[f32], exp: impl Fn(&[f32; N], &mut [f32; N])) -> Option<(f32, f32, f32)> {
+    for chunk in xs.chunks(N) {
+        let mut x = [0f32; N];
         x[..chunk.len()].copy_from_slice(chunk);
-        let mut y = [0f32; 8];
-        _mm256_storeu_ps(y.as_mut_ptr(), expf_x8_avx2(_mm256_loadu_ps(x.as_ptr())));
+        let mut y = [0f32; N];
+        exp(&x, &mut y);
         for (xi, yi) in x.iter().zip(y) {
             let want = xi.exp();
             if want.to_bits() != yi.to_bits() {

@@ -1,7 +1,7 @@
 //! The AVX2 + FMA + F16C forms of the f16 attention kernels (`super`): the f16 row
 //! primitives and `attend_group` for head sizes 64, 128 and 256, 8 lanes per register.
 
-use super::{fold_sink, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
+use super::{fold_sink, raise_pass, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
 use crate::quant::simd::expf;
 use std::arch::x86_64::*;
 
@@ -117,26 +117,12 @@ unsafe fn attend_block<const HD8: usize>(
     }
 }
 
-/// `softmax_steps` with the exps of the rows that do not raise the max 8 at a time
-/// (`expf_x8_avx2`, glibc's bits; a raising row's argument is 0, whose exp is its vs of 1),
-/// as the AVX-512 kernel's `softmax_steps_x16` for one head.
+/// `softmax_steps` with `raise_pass` and the other rows' exps 8 at a time (`expf_x8_avx2`,
+/// glibc's bits), as the AVX-512 kernel's `softmax_steps_x16` for one head.
 #[inline(always)]
 unsafe fn softmax_steps_x8(scores: &[f32; GROUP_BLOCK], n: usize, m: &mut f32, sum: &mut f32) -> SoftmaxSteps {
     let mut st = SoftmaxSteps::NONE;
-    let mut arg = [0f32; GROUP_BLOCK];
-    let mut mx = *m;
-    for j in 0..n {
-        let sc = scores[j];
-        if sc > mx {
-            let old = mx;
-            mx = sc;
-            st.ms[j] = (old - mx).exp();
-            st.rescale[j] = true;
-        } else {
-            arg[j] = sc - mx;
-        }
-    }
-    *m = mx;
+    let arg = raise_pass(&scores[..n], m, &mut st);
     for j in (0..n).step_by(8) {
         _mm256_storeu_ps(st.vs.as_mut_ptr().add(j), expf::expf_x8_avx2(_mm256_loadu_ps(arg.as_ptr().add(j))));
     }

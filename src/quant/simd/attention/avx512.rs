@@ -7,7 +7,7 @@
 //! whole accumulator (16 registers) in registers across a block of rows.
 #![allow(clippy::incompatible_msrv)] // AVX-512 intrinsics are stable since Rust 1.89.
 
-use super::{fold_sink, group_block_rows, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
+use super::{fold_sink, group_block_rows, raise_pass, softmax_steps, GroupScratch, KvRows, SoftmaxSteps, GROUP_BLOCK};
 use crate::quant::simd::expf;
 use std::arch::x86_64::*;
 
@@ -227,12 +227,10 @@ unsafe fn attend_block<const HD16: usize, const NH: usize>(
     NH
 }
 
-/// `softmax_steps` for NH heads' blocks of `n` scores, same bits: per head a scalar pass
-/// finds the running max and the rows that raise it (their ms by libm's expf: rare past a
-/// sequence's first rows), then every other row's vs = expf(score - max) 16 rows at a time
-/// (`expf_x16`, glibc's bits; a raising row's argument is set to 0, whose exp is exactly its
-/// vs of 1), then the heads' sums run their FMA chains side by side (each chain in its
-/// order). Only where `expf::matches_libm()`.
+/// `softmax_steps` for NH heads' blocks of `n` scores, same bits: per head `raise_pass`,
+/// then every other row's vs = expf(score - max) 16 rows at a time (`expf_x16`, glibc's
+/// bits), then the heads' sums run their FMA chains side by side (each chain in its order).
+/// Only where `expf::matches_libm()`.
 #[inline(always)]
 unsafe fn softmax_steps_x16<const NH: usize>(
     scores: &[[f32; GROUP_BLOCK]; NH],
@@ -242,20 +240,7 @@ unsafe fn softmax_steps_x16<const NH: usize>(
 ) -> [SoftmaxSteps; NH] {
     let mut st = [SoftmaxSteps::NONE; NH];
     for (h, st) in st.iter_mut().enumerate() {
-        let mut arg = [0f32; GROUP_BLOCK];
-        let mut mx = m[h];
-        for j in 0..n {
-            let sc = scores[h][j];
-            if sc > mx {
-                let old = mx;
-                mx = sc;
-                st.ms[j] = (old - mx).exp();
-                st.rescale[j] = true;
-            } else {
-                arg[j] = sc - mx;
-            }
-        }
-        m[h] = mx;
+        let arg = raise_pass(&scores[h][..n], &mut m[h], st);
         for j in (0..n).step_by(16) {
             _mm512_storeu_ps(st.vs.as_mut_ptr().add(j), expf::expf_x16(_mm512_loadu_ps(arg.as_ptr().add(j))));
         }
