@@ -6,14 +6,15 @@
 //! alone: the first and last sequence are re-run one by one with the tokens the batch fed
 //! them, and their final logits compared (relative L2; docs/GPU.md's tolerance).
 //! `--profile` runs the steps once more with every launch timed and prints the kernels that
-//! take the most device time per step. `--paged 16` keeps the KV cache as the engine does on
+//! take the most device time per step. `--no-check` skips the comparison (profiling the
+//! batched steps alone). `--paged 16` keeps the KV cache as the engine does on
 //! the CPU (one pool of 16-position blocks; `Backend::paged_kv` backends only).
 //!
 //! usage: batch_decode_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR]
 //!                           [--batches 1,2,4,8,16,32] [--steps 64] [--prompt 32]
 //!                           [--gpu-matvec dp4a] [--batched-attention] [--matvec-max-rows N]
 //!                           [--matvec-mma] [--no-mma-wide] [--no-overlap-launches] [--profile]
-//!                           [--paged BLOCK]
+//!                           [--paged BLOCK] [--no-check]
 //! The defaults are the backend's: GEMM tiles above 4 rows, two attention launches per
 //! sequence and layer. `--matvec-max-rows 32 --batched-attention` is issue #17's batched
 //! decode (`engine.gpu.matvec_max_rows`, `engine.gpu.batched_attention`); `--matvec-mma` runs
@@ -127,10 +128,13 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(!model_path.is_empty(), "usage: batch_decode_bench -m MODEL.gguf [--backend cuda] [--kernel-dir DIR] [--batches 1,16]");
     let backend = arg(&args, "--backend", "cuda");
     let batches: Vec<usize> = arg(&args, "--batches", "1,2,4,8,16,32").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
-    let steps: usize = arg(&args, "--steps", "64").parse()?;
-    let prompt_len: usize = arg(&args, "--prompt", "32").parse()?;
-    let profile = args.iter().any(|a| a == "--profile");
-    let paged: usize = arg(&args, "--paged", "0").parse()?;
+    let run = RunOptions {
+        steps: arg(&args, "--steps", "64").parse()?,
+        prompt_len: arg(&args, "--prompt", "32").parse()?,
+        profile: args.iter().any(|a| a == "--profile"),
+        paged: arg(&args, "--paged", "0").parse()?,
+        check: !args.iter().any(|a| a == "--no-check"),
+    };
     let opts = GpuOptions {
         kernel_dir: arg(&args, "--kernel-dir", "").into(),
         matvec: arg(&args, "--gpu-matvec", ""),
@@ -143,19 +147,23 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let be = civetta::backend::create_with(&backend, 0, true, &opts)?;
-    civetta::with_backend!(be, be => bench(be, &model_path, &batches, steps, prompt_len, profile, paged))
+    civetta::with_backend!(be, be => bench(be, &model_path, &batches, &run))
 }
 
-/// The batch sizes' runs on `be`, printed as a table (and per-kernel profiles with --profile).
-fn bench<B: Backend>(
-    be: Arc<B>,
-    model_path: &str,
-    batches: &[usize],
+/// What every batch size runs: `steps` timed decode steps after `prompt_len`-token prompts,
+/// a `paged` KV pool (block size; 0 = one cache per sequence), a per-kernel `profile` run,
+/// and the `check` against solo runs.
+struct RunOptions {
     steps: usize,
     prompt_len: usize,
     profile: bool,
     paged: usize,
-) -> anyhow::Result<()> {
+    check: bool,
+}
+
+/// The batch sizes' runs on `be`, printed as a table (and per-kernel profiles with --profile).
+fn bench<B: Backend>(be: Arc<B>, model_path: &str, batches: &[usize], run: &RunOptions) -> anyhow::Result<()> {
+    let &RunOptions { steps, prompt_len, profile, paged, check } = run;
     let file = Arc::new(GgufFile::open(std::path::Path::new(model_path))?);
     let model = Model::load(file, be.clone())?;
     let vocab = model.hp.n_vocab;
@@ -169,8 +177,12 @@ fn bench<B: Backend>(
         let r = run_batch(&model, b, prompt_len, warm, steps, vocab, paged)?;
         let tps = (b * steps) as f64 / r.seconds;
         let base_tps = *base.get_or_insert(tps / b as f64);
-        let first = rel_l2(&r.last[0], &run_alone(&model, 0, prompt_len, &r.fed[0], vocab)?);
-        let lastd = rel_l2(&r.last[b - 1], &run_alone(&model, b - 1, prompt_len, &r.fed[b - 1], vocab)?);
+        let (first, lastd) = if check {
+            let alone = |s: usize| run_alone(&model, s, prompt_len, &r.fed[s], vocab);
+            (rel_l2(&r.last[0], &alone(0)?), rel_l2(&r.last[b - 1], &alone(b - 1)?))
+        } else {
+            (f64::NAN, f64::NAN)
+        };
         println!("| {b} | {:.3} | {tps:.1} | {:.2}x | {first:.1e} / {lastd:.1e} |", r.seconds * 1e3 / steps as f64, tps / base_tps);
         if profile {
             kernel_registry::registry().reset();

@@ -5,7 +5,8 @@
 //! task-clock per run compares kernels.
 //!
 //! cargo run --release --example prefill_tile_bench -- TYPE [T] [PASSES] [ROWS] [COLS] [TOKENS]
-//! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, or q8_0o (Q8_0 through the offset-form activations,
+//! TYPE: q4_k, q5_k, q6_k, q8_0, q4_0, q5_0, q4_1 (T = 8: `quant::vec_dot_q4_1_rows`), q4_1e
+//! (the eights form, `quant::vec_dot_rows_q4_1_eights`, eight rows a call whatever T), or q8_0o (Q8_0 through the offset-form activations,
 //! `quant::Q8_0Offset`, as the AVX-512 matmul runs it), or q4_kx8 (Q4_K repacked eight rows per
 //! group, `quant::q4_k_x8`, as the AVX-512 matmul runs it; T = 1 is its decode step), or q8_0x8
 //! (Q8_0 likewise, `quant::q8_0_x8`, its activation rows prepared once outside the timing); T: 4 (default), 8 or 16, or 1 for the
@@ -22,6 +23,7 @@ fn parse_type(s: &str) -> GgmlType {
         "q6_k" => GgmlType::Q6_K,
         "q8_0" | "q8_0o" | "q8_0x8" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
+        "q4_1" | "q4_1e" => GgmlType::Q4_1,
         "q5_0" => GgmlType::Q5_0,
         other => panic!("unknown type {other}"),
     }
@@ -54,6 +56,42 @@ fn run<const T: usize>(
                 }
                 None => quant::vec_dot_rows_tile(t, block, a, cols, &mut out[..r1 - r0]),
             }
+            sink += out[0][0];
+        }
+    }
+    sink
+}
+
+/// Q4_1 as the batched decode runs it: 16-row weight blocks x 8 activation rows per call of
+/// `quant::vec_dot_q4_1_rows` (the activation scales block-major, `quant::Q8_1Scales`).
+fn run_q4_1_rows(w: &[u8], acts: &[u8], scales: &quant::Q8_1Scales, rows: usize, cols: usize, tokens: usize) -> f32 {
+    let row_bytes = GgmlType::Q4_1.row_bytes(cols).unwrap();
+    let act_bytes = acts.len() / tokens;
+    let mut sink = 0f32;
+    let mut out = [[0f32; 8]; 16];
+    for r0 in (0..rows).step_by(16) {
+        let r1 = (r0 + 16).min(rows);
+        let block = &w[r0 * row_bytes..r1 * row_bytes];
+        for tok in (0..tokens - tokens % 8).step_by(8) {
+            let a: [&[u8]; 8] = std::array::from_fn(|j| &acts[(tok + j) * act_bytes..(tok + j + 1) * act_bytes]);
+            quant::vec_dot_q4_1_rows::<2, 8>(block, a, scales, tok, cols, &mut out[..r1 - r0]);
+            sink += out[0][0];
+        }
+    }
+    sink
+}
+
+/// Q4_1 against the activations in the eights form (`quant::Q8_1Eights`), as the AVX-512
+/// matmul runs batches of eight rows.
+fn run_q4_1_eights(w: &[u8], e: &quant::Q8_1Eights, rows: usize, cols: usize) -> f32 {
+    let row_bytes = GgmlType::Q4_1.row_bytes(cols).unwrap();
+    let mut sink = 0f32;
+    let mut out = [[0f32; 8]; 16];
+    for r0 in (0..rows).step_by(16) {
+        let r1 = (r0 + 16).min(rows);
+        let block = &w[r0 * row_bytes..r1 * row_bytes];
+        for tok in (0..e.rows()).step_by(8) {
+            quant::vec_dot_rows_q4_1_eights(block, e, tok, &mut out[..r1 - r0]);
             sink += out[0][0];
         }
     }
@@ -121,6 +159,8 @@ fn main() {
     } else {
         (packed, acts)
     };
+    let eights = (name == "q4_1e").then(|| quant::Q8_1Eights::new(&acts, tokens, cols));
+    let q4_1_scales = (name == "q4_1" && tile == 8).then(|| quant::Q8_1Scales::new(&acts, tokens, cols));
     let off = (name == "q8_0o").then(|| quant::Q8_0Offset::new(&acts, tokens, cols));
     let start = Instant::now();
     let mut sink = 0f32;
@@ -129,6 +169,8 @@ fn main() {
     for _ in 0..passes {
         let pass = Instant::now();
         sink += match (tile, &packed) {
+            _ if eights.is_some() => run_q4_1_eights(&w, eights.as_ref().unwrap(), rows, cols),
+            (8, None) if q4_1_scales.is_some() => run_q4_1_rows(&w, &acts, q4_1_scales.as_ref().unwrap(), rows, cols, tokens),
             (8, Some(p)) => run_x8::<8>(q8_0, p, &acts, rows, cols, tokens),
             (1, Some(p)) => run_x8::<1>(q8_0, p, &acts, rows, cols, tokens),
             (_, Some(p)) => run_x8::<4>(q8_0, p, &acts, rows, cols, tokens),

@@ -152,6 +152,17 @@ fn batched_logits_equal_solo_logits_bit_for_bit_on_synthetic_models() {
 }
 
 #[test]
+fn nine_decoding_sequences_equal_their_solo_runs_bit_for_bit() {
+    // Decode steps of nine rows: on AVX-512 one group of eight takes the Q4_1 eights tile
+    // (quant::Q8_1Eights), the ninth row the other tiles.
+    let dir = tempfile::tempdir().unwrap();
+    for quant in ["q4_1", "q8_0"] {
+        let path = common::synth(dir.path(), "llama", quant);
+        check_model(&path, &[3, 5, 2, 7, 1, 4, 30, 2, 3], 6);
+    }
+}
+
+#[test]
 fn batched_logits_equal_solo_logits_bit_for_bit_on_smollm2() {
     let path = common::smollm2();
     check_model(&path, &[9, 70, 3], 5);

@@ -15,6 +15,7 @@ mod float;
 mod k_quants;
 mod legacy;
 mod mxfp4;
+mod q4_1_eights;
 pub mod q4_k_x8;
 mod q8_0_prefill;
 pub mod q8_0_x8;
@@ -25,6 +26,7 @@ pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 /// MXFP4's block size in bytes and its E2M1 levels doubled (ggml's `kvalues_mxfp4`), for the
 /// GPU backend's int8 planes.
 pub(crate) use mxfp4::{KVALUES as MXFP4_KVALUES, MXFP4_BYTES};
+pub use q4_1_eights::{has_q4_1_eights_tile, vec_dot_rows_q4_1_eights, Q8_1Eights};
 pub use q8_0_prefill::{has_q8_0_offset_tile, vec_dot_rows_q8_0_offset, Q8_0Offset};
 pub use simd::SimdLevel;
 

@@ -549,6 +549,29 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
                             }
                         }
                     }
+                    // The eights form (AVX-512): the same 9 weight rows against both groups of
+                    // eight of a 19-row matrix (the last 3 rows are in no group).
+                    if super::has_q4_1_eights_tile() {
+                        let order = [3, 1, 0, 2, 2, 0, 1, 3, 1, 2, 0, 3, 3, 0, 0, 1, 2, 1, 3];
+                        let matrix: Vec<u8> = order.iter().flat_map(|&i| a[i].iter().copied()).collect();
+                        let eights = super::Q8_1Eights::new(&matrix, order.len(), n);
+                        assert_eq!(eights.rows(), 16);
+                        for first in [0, 8] {
+                            let mut out = [[0f32; 8]; 9];
+                            super::vec_dot_rows_q4_1_eights(&w_rows, &eights, first, &mut out);
+                            for (r, &wi) in w_order.iter().enumerate() {
+                                for j in 0..8 {
+                                    let want = vec_dot_at(level, t, w[wi], a[order[first + j]], n).unwrap();
+                                    assert_eq!(
+                                        out[r][j].to_bits(),
+                                        want.to_bits(),
+                                        "{t} n={n} q4_1 eights {first}: weight row {r} act {j}"
+                                    );
+                                }
+                            }
+                        }
+                        tiled.insert("Q4_1 eights".to_string());
+                    }
                 }
                 // The Q8_0 prefill form (offset activations) through its matmul entry: 5 weight
                 // rows (odd addresses) against activation rows 1..9 and 0..4 of a 9-row matrix.
@@ -604,6 +627,7 @@ fn dot_tiles_equal_single_dots_bit_for_bit() {
         }
         if simd::level() == SimdLevel::Avx512Vnni {
             assert!(tiled.contains("Q8_0 offset"), "the Q8_0 offset tile was checked");
+            assert!(tiled.contains("Q4_1 eights"), "the Q4_1 eights tile was checked");
         }
     }
 }

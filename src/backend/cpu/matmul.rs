@@ -147,6 +147,10 @@ impl CpuBackend {
                 let q8_0_offset = (t == GgmlType::Q8_0 && !x8 && rows >= 4 && quant::has_q8_0_offset_tile())
                     .then(|| quant::Q8_0Offset::new(&acts, rows, k));
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
+                // Q4_1 on AVX-512: groups of eight activation rows in the eights form
+                // (`quant::Q8_1Eights`), the batched decode's and prefill's main tile.
+                let q8_1_eights = (t == quant::GgmlType::Q4_1 && rows >= 8 && quant::has_q4_1_eights_tile())
+                    .then(|| quant::Q8_1Eights::new(&acts, rows, k));
                 self.pool.for_each(blocks * tok_chunks, |item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, x8_rows, n, optr, first_block) =
@@ -185,8 +189,24 @@ impl CpuBackend {
                     }
                     if tiles {
                         // Q4_1: eight activation rows at a time while eight are left (batched
-                        // decode at 8+ sequences: each weight block unpacked once per eight).
-                        if let Some(scales) = &q8_1_scales {
+                        // decode at 8+ sequences: each weight block unpacked once per eight),
+                        // in the eights form on AVX-512 (its groups start at multiples of 8:
+                        // an item's rows start at a multiple of 4, so at most one 4-row tile first).
+                        if let (Some(eights), Some(scales)) = (&q8_1_eights, &q8_1_scales) {
+                            if !tok.is_multiple_of(8) && tok + 4 <= tok1 {
+                                let mut out4 = [[0f32; 4]; MAX_BLOCK_ROWS];
+                                let act4 = [act(tok), act(tok + 1), act(tok + 2), act(tok + 3)];
+                                quant::vec_dot_q4_1_rows::<1, 4>(w_block, act4, scales, tok, k, &mut out4[..r1 - r0]);
+                                store_tile(&out4[..r1 - r0], tok, r0, &store);
+                                tok += 4;
+                            }
+                            let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];
+                            while tok + 8 <= tok1.min(eights.rows()) {
+                                quant::vec_dot_rows_q4_1_eights(w_block, eights, tok, &mut out8[..r1 - r0]);
+                                store_tile(&out8[..r1 - r0], tok, r0, &store);
+                                tok += 8;
+                            }
+                        } else if let Some(scales) = &q8_1_scales {
                             let mut out8 = [[0f32; 8]; MAX_BLOCK_ROWS];
                             while tok + 8 <= tok1 {
                                 let act8 = std::array::from_fn(|j| act(tok + j));

@@ -355,6 +355,36 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
     unreachable!("has_tile is false off x86-64")
 }
 
+/// `avx512::tiles_multi::dot_q4_1_rows_eights` for every weight row of `w_block` (rows of
+/// `row_bytes`, one per `out` entry): two weight rows a call, then the last one alone. The
+/// caller (quant::vec_dot_rows_q4_1_eights) checked the level and the lengths.
+pub(crate) fn dot_q4_1_eights(w_block: &[u8], row_bytes: usize, q: &[u8], d: &[f32], s: &[f32], nb: usize, out: &mut [[f32; 8]]) {
+    assert!(w_block.len() >= out.len() * row_bytes && q.len() >= nb * 256 && d.len() >= nb * 8 && s.len() >= nb * 8);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let row = |r: usize| w_block[r * row_bytes..].as_ptr();
+        // As dot_q4_1_rows_scaled: the weights stream from memory, asked for ahead.
+        let ahead = prefetch_ahead(row_bytes);
+        let fetch = |r: usize, rows: usize| prefetch(row(r).wrapping_add(ahead), rows * row_bytes);
+        let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+        let mut r = 0;
+        // SAFETY: the lengths are checked above; the caller checked the level.
+        unsafe {
+            while r + 2 <= out.len() {
+                fetch(r, 2);
+                let t = avx512::tiles_multi::dot_q4_1_rows_eights::<2>([row(r), row(r + 1)], q, d, s, nb);
+                out[r..r + 2].copy_from_slice(&t);
+                r += 2;
+            }
+            if r < out.len() {
+                out[r] = avx512::tiles_multi::dot_q4_1_rows_eights::<1>([row(r)], q, d, s, nb)[0];
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_q4_1_eights_tile is false off x86-64")
+}
+
 /// How far ahead of the row being read a matrix-vector product prefetches the weights, in
 /// rows. The hardware prefetchers alone leave a decode matvec waiting on DRAM (several row
 /// streams at once, each matrix a fresh start): with 8-16 rows ahead the Q4_1 matvec of a
