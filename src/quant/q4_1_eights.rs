@@ -7,45 +7,62 @@
 
 use super::{act_row_bytes, float, legacy, simd, ActFormat, GgmlType, SimdLevel};
 
-/// Bytes of one block of a group of eight rows in the eights form: 8 groups x 8 rows x 4.
-const EIGHTS_BLOCK_BYTES: usize = 8 * legacy::QK;
+/// Bytes of one block of a group of eight rows in the eights form: the quants (8 groups x 8
+/// rows x 4 bytes), then the eight rows' d and s as f32.
+const QUANT_BYTES: usize = 8 * legacy::QK;
+const BLOCK_BYTES: usize = simd::Q8_1_EIGHTS_BLOCK_BYTES;
+const _: () = assert!(BLOCK_BYTES == QUANT_BYTES + 2 * 8 * 4);
 
 /// Q8_1 activation rows in the eights form: rows 8g..8g + 8 make group g (a last group of
-/// fewer than eight rows is left out; those rows take the other tiles).
+/// fewer than eight rows is left out; those rows take the other tiles). Per group, per block
+/// (`BLOCK_BYTES`): for each 4-byte group l of the block's 32 quants the eight rows' four bytes
+/// in row order (256 bytes), then the eight rows' scales d, then s (= d * sum of the quants),
+/// as f32.
 pub struct Q8_1Eights {
-    /// Per group, per block: for each 4-byte group l of the block's 32 quants, the eight rows'
-    /// four bytes in row order (256 bytes a block).
-    quants: Vec<u8>,
-    /// Per group, per block: the eight rows' scales d (and s = d * sum of the quants) as f32.
-    d: Vec<f32>,
-    s: Vec<f32>,
+    bytes: Vec<u8>,
     groups: usize,
     n: usize,
 }
 
 impl Q8_1Eights {
-    /// From `rows` Q8_1 rows of n elements each, back to back in `acts`.
+    /// From `rows` Q8_1 rows of n elements each, back to back in `acts`; the groups one after
+    /// another (`new_with` lets a thread pool fill them).
     pub fn new(acts: &[u8], rows: usize, n: usize) -> Q8_1Eights {
+        Q8_1Eights::new_with(acts, rows, n, |bytes, group_bytes, fill| {
+            bytes.chunks_mut(group_bytes).enumerate().for_each(|(g, dst)| fill(g, dst))
+        })
+    }
+
+    /// As `new`, with `for_each_group(bytes, group_bytes, fill)` calling `fill(g, chunk)` for
+    /// every `group_bytes` chunk of `bytes` (g = its index), in any order or in parallel.
+    pub fn new_with(
+        acts: &[u8],
+        rows: usize,
+        n: usize,
+        for_each_group: impl FnOnce(&mut [u8], usize, &(dyn Fn(usize, &mut [u8]) + Sync)),
+    ) -> Q8_1Eights {
         let (nb, row_bytes) = (n / legacy::QK, act_row_bytes(ActFormat::Q8_1, n));
         assert!(n.is_multiple_of(legacy::QK) && acts.len() == rows * row_bytes, "Q8_1Eights: {rows} rows of {n} elements");
         let groups = rows / 8;
-        let mut quants = vec![0u8; groups * nb * EIGHTS_BLOCK_BYTES];
-        let (mut d, mut s) = (vec![0f32; groups * nb * 8], vec![0f32; groups * nb * 8]);
-        for g in 0..groups {
+        let group_bytes = nb * BLOCK_BYTES;
+        let mut bytes = vec![0u8; groups * group_bytes];
+        let fill = |g: usize, dst: &mut [u8]| {
             for t in 0..8 {
                 let row = &acts[(8 * g + t) * row_bytes..(8 * g + t + 1) * row_bytes];
-                for (b, blk) in row.chunks_exact(legacy::Q8_1_BYTES).enumerate() {
-                    let at = g * nb + b;
-                    d[8 * at + t] = float::f16_at(blk, 0);
-                    s[8 * at + t] = float::f16_at(blk, 2);
-                    let dst = &mut quants[at * EIGHTS_BLOCK_BYTES..(at + 1) * EIGHTS_BLOCK_BYTES];
+                for (blk, dst) in row.chunks_exact(legacy::Q8_1_BYTES).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
                     for (l, four) in blk[4..].chunks_exact(4).enumerate() {
                         dst[32 * l + 4 * t..32 * l + 4 * t + 4].copy_from_slice(four);
                     }
+                    let (d, s) = (float::f16_at(blk, 0), float::f16_at(blk, 2));
+                    dst[QUANT_BYTES + 4 * t..][..4].copy_from_slice(&d.to_le_bytes());
+                    dst[QUANT_BYTES + 32 + 4 * t..][..4].copy_from_slice(&s.to_le_bytes());
                 }
             }
+        };
+        if group_bytes > 0 {
+            for_each_group(&mut bytes, group_bytes, &fill);
         }
-        Q8_1Eights { quants, d, s, groups, n }
+        Q8_1Eights { bytes, groups, n }
     }
 
     /// Rows covered (whole groups of eight).
@@ -71,8 +88,7 @@ pub fn vec_dot_rows_q4_1_eights(w_rows: &[u8], eights: &Q8_1Eights, first: usize
     if out.is_empty() {
         return;
     }
-    let g = first / 8;
-    let quants = &eights.quants[g * nb * EIGHTS_BLOCK_BYTES..(g + 1) * nb * EIGHTS_BLOCK_BYTES];
-    let (d, s) = (&eights.d[g * nb * 8..(g + 1) * nb * 8], &eights.s[g * nb * 8..(g + 1) * nb * 8]);
-    simd::dot_q4_1_eights(&w_rows[..out.len() * row_bytes], row_bytes, quants, d, s, nb, out);
+    let group_bytes = nb * BLOCK_BYTES;
+    let group = &eights.bytes[first / 8 * group_bytes..][..group_bytes];
+    simd::dot_q4_1_eights(&w_rows[..out.len() * row_bytes], row_bytes, group, nb, out);
 }

@@ -138,7 +138,9 @@ impl CpuBackend {
                 // Within an item, where the type has tile kernels: one weight row by eight
                 // activation rows while eight are left where `prefill_tile_rows` says 8 (the
                 // AVX-512 Q4_K/Q5_K tiles; Q8_0 on AVX-512 reads its activations in the offset
-                // form, `quant::Q8_0Offset`), then by four while four are left (prefill: both sit in L1, each weight
+                // form, `quant::Q8_0Offset`; Q4_1 takes the block's weight rows by eight
+                // activation rows, in the eights form on AVX-512, `quant::Q8_1Eights`), then by
+                // four while four are left (prefill: both sit in L1, each weight
                 // block unpacked once per four dots; for Q4_1 the activation scales read as
                 // f32, block-major), then one by the last two or three (batched decode); a
                 // single activation row (all of plain decode) as one matrix-vector call over
@@ -149,8 +151,17 @@ impl CpuBackend {
                 let q8_1_scales = (t == quant::GgmlType::Q4_1 && tiles && rows >= 4).then(|| quant::Q8_1Scales::new(&acts, rows, k));
                 // Q4_1 on AVX-512: groups of eight activation rows in the eights form
                 // (`quant::Q8_1Eights`), the batched decode's and prefill's main tile.
-                let q8_1_eights = (t == quant::GgmlType::Q4_1 && rows >= 8 && quant::has_q4_1_eights_tile())
-                    .then(|| quant::Q8_1Eights::new(&acts, rows, k));
+                // Its groups are filled on the pool from two groups on (serial, a 512-token
+                // SmolLM2 prompt spent ~10 ms in this pass on one EPYC thread: 120 matmuls).
+                let q8_1_eights = (t == quant::GgmlType::Q4_1 && rows >= 8 && quant::has_q4_1_eights_tile()).then(|| {
+                    if rows >= 16 {
+                        quant::Q8_1Eights::new_with(&acts, rows, k, |bytes, group_bytes, fill| {
+                            self.pool.for_each_chunk_mut(bytes, group_bytes, fill)
+                        })
+                    } else {
+                        quant::Q8_1Eights::new(&acts, rows, k)
+                    }
+                });
                 self.pool.for_each(blocks * tok_chunks, |item| {
                     let (b, chunk) = (item / tok_chunks, item % tok_chunks);
                     let &(bytes, x8_rows, n, optr, first_block) =

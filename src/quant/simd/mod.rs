@@ -355,29 +355,33 @@ pub(crate) fn dot_q4_1_rows_scaled<const G: usize, const O: usize>(
     unreachable!("has_tile is false off x86-64")
 }
 
+/// Bytes of one block of a group of eight activation rows in the eights form
+/// (`quant::Q8_1Eights`): the 256 quant bytes, then the eight rows' d and s as f32.
+pub(crate) const Q8_1_EIGHTS_BLOCK_BYTES: usize = 256 + 64;
+
 /// `avx512::tiles_multi::dot_q4_1_rows_eights` for every weight row of `w_block` (rows of
 /// `row_bytes`, one per `out` entry): two weight rows a call, then the last one alone. The
 /// caller (quant::vec_dot_rows_q4_1_eights) checked the level and the lengths.
-pub(crate) fn dot_q4_1_eights(w_block: &[u8], row_bytes: usize, q: &[u8], d: &[f32], s: &[f32], nb: usize, out: &mut [[f32; 8]]) {
-    assert!(w_block.len() >= out.len() * row_bytes && q.len() >= nb * 256 && d.len() >= nb * 8 && s.len() >= nb * 8);
+pub(crate) fn dot_q4_1_eights(w_block: &[u8], row_bytes: usize, group: &[u8], nb: usize, out: &mut [[f32; 8]]) {
+    assert!(w_block.len() >= out.len() * row_bytes && group.len() >= nb * Q8_1_EIGHTS_BLOCK_BYTES);
     #[cfg(target_arch = "x86_64")]
     {
         let row = |r: usize| w_block[r * row_bytes..].as_ptr();
         // As dot_q4_1_rows_scaled: the weights stream from memory, asked for ahead.
         let ahead = prefetch_ahead(row_bytes);
         let fetch = |r: usize, rows: usize| prefetch(row(r).wrapping_add(ahead), rows * row_bytes);
-        let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+        let q = group.as_ptr();
         let mut r = 0;
         // SAFETY: the lengths are checked above; the caller checked the level.
         unsafe {
             while r + 2 <= out.len() {
                 fetch(r, 2);
-                let t = avx512::tiles_multi::dot_q4_1_rows_eights::<2>([row(r), row(r + 1)], q, d, s, nb);
+                let t = avx512::tiles_multi::dot_q4_1_rows_eights::<2>([row(r), row(r + 1)], q, nb);
                 out[r..r + 2].copy_from_slice(&t);
                 r += 2;
             }
             if r < out.len() {
-                out[r] = avx512::tiles_multi::dot_q4_1_rows_eights::<1>([row(r)], q, d, s, nb)[0];
+                out[r] = avx512::tiles_multi::dot_q4_1_rows_eights::<1>([row(r)], q, nb)[0];
             }
         }
     }

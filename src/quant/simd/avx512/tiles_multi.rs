@@ -101,9 +101,9 @@ unsafe fn group_dot(p: *const u8, wl: __m256i) -> __m256 {
 }
 
 /// Q4_1 weight rows `w[r]` against eight Q8_1 activation rows in the eights form
-/// (`quant::Q8_1Eights`: block i's quants at `q + 256 i`, its 4-byte group l of the eight rows
-/// side by side at `+ 32 l`; the rows' f32 scales at `d + 8 i`, `s + 8 i`): out[r][t] is bit
-/// for bit `dot_q4_1_x4_scaled`'s value for weight row r and activation row t.
+/// (`quant::Q8_1Eights`: block i at `q + Q8_1_EIGHTS_BLOCK_BYTES i`, its 4-byte group l of the
+/// eight rows side by side at `+ 32 l`, then the rows' d and s as f32 at `+ 256` and `+ 288`):
+/// out[r][t] is bit for bit `dot_q4_1_x4_scaled`'s value for weight row r and activation row t.
 ///
 /// Why faster than `dot_q4_1_rows_scaled`: its registers hold one (weight row, activation
 /// row) pair's eight lanes, two pairs a 512-bit register, so every block's scale products
@@ -118,23 +118,17 @@ unsafe fn group_dot(p: *const u8, wl: __m256i) -> __m256 {
 /// `hsum256`) becomes the same additions between registers, then + m_w * s_a's sum.
 ///
 /// # Safety
-/// avx512f/vl/vnni, avx2, fma, f16c; every weight row holds `nb` blocks; q holds 256 nb bytes,
-/// d and s 8 nb values.
+/// avx512f/vl/vnni, avx2, fma, f16c; every weight row holds `nb` blocks, q `nb` blocks of the
+/// eights form.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(in super::super) unsafe fn dot_q4_1_rows_eights<const R: usize>(
-    w: [*const u8; R],
-    q: *const u8,
-    d: *const f32,
-    s: *const f32,
-    nb: usize,
-) -> [[f32; 8]; R] {
+pub(in super::super) unsafe fn dot_q4_1_rows_eights<const R: usize>(w: [*const u8; R], q: *const u8, nb: usize) -> [[f32; 8]; R] {
     let low4 = _mm256_set1_epi8(0x0F);
     // acc[r][l], lane t: lane l of the (weight row r, activation row t) accumulator.
     let mut acc = [[_mm256_setzero_ps(); 8]; R];
     let mut summs = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let (d_a, s_a) = (_mm256_loadu_ps(d.add(8 * i)), _mm256_loadu_ps(s.add(8 * i)));
-        let qa = q.add(256 * i);
+        let qa = q.add(super::super::Q8_1_EIGHTS_BLOCK_BYTES * i);
+        let (d_a, s_a) = (_mm256_loadu_ps(qa.add(256) as _), _mm256_loadu_ps(qa.add(288) as _));
         for r in 0..R {
             let bw = w[r].add(i * Q4_1_BYTES);
             // The 16 nibble bytes in both 128-bit lanes: groups 0-3 are the low nibbles, 4-7 the high.
